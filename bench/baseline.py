@@ -1,0 +1,199 @@
+"""Bare baselines: the same message pattern without gpuremote, in the same run.
+
+A request is ``<QQ`` (request bytes, reply bytes) followed by the request bytes; the server
+answers with the reply bytes (an echo when both are equal). This covers a ping (size, size),
+a one-way upload with an 8-byte ack (size, 8) and a download (0, size). ``python -m
+gpuremote serve --bench-echo`` serves it beside the proxy, in the proxy's own process: with
+blocking sockets (a thread per connection: the fastest Python gets) and with asyncio streams on
+the proxy's event loop. Both paths then run between the same two processes as gpuremote's
+own, so that the scheduler's placement of those processes (which moves loopback round trips
+between ~20 and ~130 µs on a 2-vCPU machine) hits all of them alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import struct
+import threading
+from typing import Any
+
+__all__ = ["AsyncioClient", "Baselines", "BlockingClient", "EchoServers"]
+
+REQ = struct.Struct("<QQ")
+_MAX = 1 << 31
+
+
+def _recv_into(sock: socket.socket, view: memoryview) -> bool:
+    while view.nbytes:
+        n = sock.recv_into(view)
+        if n == 0:
+            return False
+        view = view[n:]
+    return True
+
+
+def _blocking_conn(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    head = memoryview(bytearray(REQ.size))
+    buf = bytearray(1 << 20)
+    try:
+        while _recv_into(sock, head):
+            nreq, nrep = REQ.unpack(head)
+            if nreq > _MAX or nrep > _MAX:
+                return
+            if len(buf) < max(nreq, nrep):
+                buf = bytearray(max(nreq, nrep))
+            view = memoryview(buf)
+            if not _recv_into(sock, view[:nreq]):
+                return
+            sock.sendall(view[:nrep])
+    except OSError:
+        pass
+    finally:
+        sock.close()
+
+
+def _serve_blocking(lsock: socket.socket) -> None:
+    while True:
+        try:
+            conn, _ = lsock.accept()
+        except OSError:
+            return
+        threading.Thread(target=_blocking_conn, args=(conn,), daemon=True).start()
+
+
+async def _asyncio_conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    payload = bytes(1 << 20)
+    try:
+        while True:
+            head = await reader.readexactly(REQ.size)
+            nreq, nrep = REQ.unpack(head)
+            if nreq > _MAX or nrep > _MAX:
+                break
+            data = await reader.readexactly(nreq) if nreq else b""
+            if nrep == nreq:
+                writer.write(data)
+            else:
+                if len(payload) < nrep:
+                    payload = bytes(nrep)
+                writer.write(memoryview(payload)[:nrep])
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        pass
+    finally:
+        writer.close()
+
+
+class EchoServers:
+    """The bare echo servers, beside a proxy: blocking sockets (a thread per connection) and
+    asyncio streams on the running event loop. ``ports`` is what clients need."""
+
+    def __init__(self, lsock: socket.socket, server: asyncio.Server) -> None:
+        self._lsock = lsock
+        self._server = server
+        self.ports = {
+            "blocking": lsock.getsockname()[1],
+            "asyncio": server.sockets[0].getsockname()[1],
+        }
+
+    @classmethod
+    async def start(cls, host: str = "127.0.0.1") -> EchoServers:
+        lsock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        lsock.bind((host, 0))
+        lsock.listen(64)
+        threading.Thread(
+            target=_serve_blocking, args=(lsock,), daemon=True, name="gpuremote-bench-echo"
+        ).start()
+        server = await asyncio.start_server(_asyncio_conn, host, 0)
+        return cls(lsock, server)
+
+    async def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._lsock.shutdown(socket.SHUT_RDWR)
+        self._lsock.close()
+        self._server.close()
+
+
+class BlockingClient:
+    """A blocking-socket client of the baseline protocol."""
+
+    def __init__(self, port: int, host: str = "127.0.0.1") -> None:
+        self.sock = socket.create_connection((host, port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._rbuf = memoryview(bytearray(1 << 20))
+
+    def request(self, payload: memoryview, nreply: int) -> None:
+        """Send ``payload`` and receive ``nreply`` bytes."""
+        self.sock.sendmsg([REQ.pack(payload.nbytes, nreply), payload])
+        if self._rbuf.nbytes < nreply:
+            self._rbuf = memoryview(bytearray(nreply))
+        if not _recv_into(self.sock, self._rbuf[:nreply]):
+            raise ConnectionError("baseline server went away")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class AsyncioClient:
+    """The same over asyncio streams, on the caller's event loop."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def connect(cls, port: int, host: str = "127.0.0.1") -> AsyncioClient:
+        reader, writer = await asyncio.open_connection(host, port, limit=1 << 20)
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return cls(reader, writer)
+
+    async def request(self, payload: memoryview, nreply: int) -> Any:
+        self.writer.write(REQ.pack(payload.nbytes, nreply))
+        if payload.nbytes:
+            self.writer.write(payload)
+        await self.writer.drain()
+        return await self.reader.readexactly(nreply)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class Baselines:
+    """Clients of the echo servers that the proxy advertises (``serve --bench-echo``)."""
+
+    def __init__(
+        self,
+        blocking: BlockingClient | None,
+        asyncio_client: AsyncioClient | None,
+        why_not: str | None,
+    ) -> None:
+        self.blocking = blocking
+        self.asyncio = asyncio_client
+        self.why_not = why_not
+
+    @classmethod
+    async def open(cls, device: dict[str, Any], host: str, wanted: bool = True) -> Baselines:
+        if not wanted:
+            return cls(None, None, "baselines turned off (--no-baseline)")
+        ports = device.get("bench_echo")
+        if not isinstance(ports, dict):
+            return cls(
+                None,
+                None,
+                "the proxy serves no echo baselines (start it with `gpuremote serve --bench-echo`)",
+            )
+        blocking = BlockingClient(int(ports["blocking"]), host)
+        return cls(blocking, await AsyncioClient.connect(int(ports["asyncio"]), host), None)
+
+    def close(self) -> None:
+        if self.blocking is not None:
+            self.blocking.close()
+        if self.asyncio is not None:
+            self.asyncio.close()

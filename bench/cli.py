@@ -1,0 +1,247 @@
+"""``gpuremote bench ping | throughput | api``: argument parsing and output (live rich view on a
+terminal, a plain summary otherwise, one JSON object with ``--json``, raw samples with
+``--csv``)."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from rich.console import Console, RenderableType
+from rich.live import Live
+
+__all__ = ["add_bench_parser"]
+
+
+def _sizes(text: str) -> list[int]:
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    out = []
+    for part in text.split(","):
+        p = part.strip().lower().rstrip("ib").rstrip("b") if part.strip() else ""
+        if not p:
+            continue
+        mult = units.get(p[-1], 1)
+        num = p[:-1] if p[-1] in units else p
+        out.append(int(float(num) * mult))
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"bad size list {text!r} (e.g. 4k,1m,64m)")
+    return out
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--url",
+        default=None,
+        help="talk to a running proxy (default: GPUREMOTE_URL, the config file, "
+        "else start a local proxy)",
+    )
+    p.add_argument(
+        "--transport",
+        default="tcp",
+        help="transport of the local proxy the bench starts (tcp, inproc, ucx)",
+    )
+    p.add_argument("--backend", default="auto", help="backend of the local proxy")
+    p.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
+    p.add_argument(
+        "--no-baseline", dest="baseline", action="store_false", help="skip the bare baselines"
+    )
+    p.add_argument(
+        "--baseline",
+        dest="baseline",
+        action="store_true",
+        default=True,
+        help="run the bare baselines in the same run (default)",
+    )
+
+
+def add_bench_parser(sub: Any) -> None:
+    b = sub.add_parser("bench", help="benchmarks, with bare baselines in the same run")
+    bs = b.add_subparsers(dest="bench", required=True)
+
+    p = bs.add_parser("ping", help="round-trip latency through the whole gpuremote path")
+    _common(p)
+    p.add_argument("--size", type=int, default=8, help="message size in bytes (default 8)")
+    p.add_argument("--count", type=int, default=20_000, help="round trips per path")
+    p.add_argument("--duration", type=float, default=None, help="seconds instead of --count")
+    p.add_argument("--warmup", type=int, default=1_000, help="uncounted round trips per path")
+    p.add_argument("--csv", default=None, metavar="FILE", help="write the raw samples here")
+    p.set_defaults(func=_ping)
+
+    t = bs.add_parser("throughput", help="host-to-device and device-to-host bandwidth")
+    _common(t)
+    t.add_argument(
+        "--sizes",
+        type=_sizes,
+        default=None,
+        help="comma-separated sizes (default 4k..256m, powers of 4)",
+    )
+    t.add_argument("--min-reps", type=int, default=5)
+    t.add_argument("--max-reps", type=int, default=200)
+    t.add_argument("--csv", default=None, metavar="FILE", help="write the raw samples here")
+    t.set_defaults(func=_throughput)
+
+    a = bs.add_parser("api", help="calls per second: synchronous versus pipelined")
+    _common(a)
+    a.add_argument("--calls", type=int, default=10_000)
+    a.add_argument("--rounds", type=int, default=3)
+    a.set_defaults(func=_api)
+
+
+def _drive(
+    args: argparse.Namespace,
+    view: Callable[[dict[str, Any]], RenderableType],
+    make: Callable[[Callable[[dict[str, Any]], None]], Coroutine[Any, Any, Any]],
+) -> Any:
+    """Run the bench coroutine with a live view when stdout is a terminal (and not --json)."""
+    from gpuremote import aio
+
+    console = Console()
+    live_ok = console.is_terminal and not args.json
+    if not live_ok:
+        return aio.run(make(lambda state: None))
+    with Live(console=console, auto_refresh=False, transient=False) as live:
+
+        def report(state: dict[str, Any]) -> None:
+            live.update(view(state), refresh=True)  # between timed sections, never inside
+
+        return aio.run(make(report))
+
+
+def _print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, allow_nan=False, default=_jsonable) + "\n")
+
+
+def _jsonable(x: Any) -> Any:
+    import numpy as np
+
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    raise TypeError(type(x).__name__)
+
+
+def _ping(args: argparse.Namespace) -> int:
+    from .ping import PingConfig, run_ping
+    from .render import ping_view
+
+    cfg = PingConfig(
+        url=args.url,
+        transport=args.transport,
+        backend=args.backend,
+        size=args.size,
+        count=args.count,
+        duration=args.duration,
+        warmup=args.warmup,
+        baseline=args.baseline,
+    )
+    result, samples = _drive(args, ping_view, lambda report: run_ping(cfg, report))
+    if args.csv:
+        with open(args.csv, "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["path", "size", "iteration", "ns"])
+            for path, arr in samples.items():
+                for i, ns in enumerate(arr.tolist()):
+                    w.writerow([path, args.size, i, ns])
+    if args.json:
+        _print_json(result)
+        return 0
+    console = Console()
+    if not console.is_terminal:
+        from .render import stats_table
+        from .stats import summarize
+
+        stats = {k: summarize(v) for k, v in samples.items()}
+        ratios = {k: (stats["gpuremote"]["p50"] / s["p50"]) for k, s in stats.items()}
+        console.print(
+            f"gpuremote bench ping: {result['url']} ({result['transport']}), "
+            f"{args.size} B, {result['count']} round trips per path"
+        )
+        console.print(stats_table(stats, ratios))
+    if result["ratio_p50"] is not None:
+        console.print(
+            f"gpuremote / asyncio echo p50: {result['ratio_p50']:.2f}x; "
+            f"gpuremote / blocking-socket echo p50: {result['ratio_p50_blocking']:.2f}x"
+        )
+    return 0
+
+
+def _throughput(args: argparse.Namespace) -> int:
+    from .render import throughput_view
+    from .throughput import DEFAULT_SIZES, ThroughputConfig, run_throughput
+
+    cfg = ThroughputConfig(
+        url=args.url,
+        transport=args.transport,
+        backend=args.backend,
+        sizes=args.sizes or list(DEFAULT_SIZES),
+        baseline=args.baseline,
+        min_reps=args.min_reps,
+        max_reps=args.max_reps,
+    )
+    result, raw = _drive(args, throughput_view, lambda report: run_throughput(cfg, report))
+    if args.csv:
+        with open(args.csv, "w", newline="") as fh:
+            w = csv.DictWriter(fh, ["path", "size", "direction", "iteration", "ns"])
+            w.writeheader()
+            w.writerows(raw)
+    if args.json:
+        _print_json(result)
+        return 0
+    console = Console()
+    if not console.is_terminal:
+        console.print(throughput_view({**result, "done": 1, "total": 1, "current": ""}))
+    peak = result["peak_rss_mb"]
+    proxy = "n/a" if peak["proxy"] is None else f"{peak['proxy']:.0f} MB"
+    console.print(
+        f"peak memory during a {peak['payload_mb']:.0f} MB upload and download: "
+        f"client {peak['client']:.0f} MB, proxy {proxy}"
+    )
+    return 0
+
+
+def _api(args: argparse.Namespace) -> int:
+    from .api import ApiConfig, run_api
+
+    cfg = ApiConfig(
+        url=args.url,
+        transport=args.transport,
+        backend=args.backend,
+        calls=args.calls,
+        rounds=args.rounds,
+    )
+
+    def view(state: dict[str, Any]) -> RenderableType:
+        from rich.text import Text
+
+        return Text(
+            f"gpuremote bench api: {state['url']}  round {state['round']}/"
+            f"{state['rounds']}  {state['mode']}: {state['rate']:,.0f} calls/s"
+        )
+
+    result = _drive(args, view, lambda report: run_api(cfg, report))
+    if args.json:
+        _print_json(result)
+        return 0
+    from rich.table import Table
+
+    t = Table(
+        title=f"gpuremote bench api: {result['calls']} launches over {result['url']}",
+        title_justify="left",
+    )
+    for col in ("mode", "calls/s", "round trips per call"):
+        t.add_column(col, justify="right")
+    for mode, key in (("synchronous", "sync"), ("pipelined", "pipelined")):
+        t.add_row(
+            mode,
+            f"{result[key + '_calls_per_s']:,.0f}",
+            f"{result['round_trips_per_call'][key]:.4f}",
+        )
+    console = Console()
+    console.print(t)
+    console.print(f"pipelined / synchronous: {result['ratio']:.1f}x")
+    return 0

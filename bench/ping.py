@@ -1,0 +1,142 @@
+"""``gpuremote bench ping``: round trips of small messages through the whole gpuremote path,
+interleaved with bare echoes over blocking sockets and over asyncio (A B A B)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import gpuremote
+from gpuremote.framing import byte_view
+
+from .baseline import Baselines
+from .stats import ratio, summarize
+from .target import open_target
+
+__all__ = ["PingConfig", "run_ping"]
+
+
+@dataclass
+class PingConfig:
+    url: str | None = None
+    transport: str = "tcp"
+    backend: str = "auto"
+    size: int = 8
+    count: int = 20_000
+    duration: float | None = None  # seconds; overrides count
+    warmup: int = 1_000
+    baseline: bool = True
+    rounds: int = 20
+
+
+async def run_ping(
+    cfg: PingConfig, report: Callable[[dict[str, Any]], None] = lambda s: None
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Run the bench; returns the JSON result and the raw samples (ns) per path."""
+    async with (
+        open_target(cfg.url, cfg.transport, cfg.backend) as target,
+        gpuremote.connect(target.url) as gpu,
+    ):
+        base = await Baselines.open(gpu.device, target.host, cfg.baseline)
+        try:
+            return await _measure(cfg, gpu, target.url, target.transport, base, report)
+        finally:
+            base.close()
+
+
+async def _measure(
+    cfg: PingConfig,
+    gpu: gpuremote.GPU,
+    url: str,
+    transport: str,
+    base: Baselines,
+    report: Callable[[dict[str, Any]], None],
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    payload = byte_view(np.random.default_rng(0).integers(0, 256, cfg.size, dtype=np.uint8))
+    clock = time.perf_counter_ns
+
+    async def gr() -> None:
+        await gpu.ping(payload)
+
+    paths: dict[str, Callable[[], Any]] = {"gpuremote": gr}
+    if base.blocking is not None and base.asyncio is not None:
+        b, a = base.blocking, base.asyncio
+
+        async def run_blocking() -> None:
+            b.request(payload, cfg.size)
+
+        async def run_asyncio() -> None:
+            await a.request(payload, cfg.size)
+
+        paths["blocking"] = run_blocking
+        paths["asyncio"] = run_asyncio
+    echo = await gpu.ping(payload)
+    if bytes(echo) != bytes(payload):
+        raise gpuremote.GpuRemoteError("ping echo does not match what was sent")
+    for fn in paths.values():  # warm-up, not counted
+        for _ in range(cfg.warmup):
+            await fn()
+    samples: dict[str, list[int]] = {name: [] for name in paths}
+    total = cfg.count if cfg.duration is None else 0
+    chunk = max(1, cfg.count // cfg.rounds) if cfg.duration is None else 500
+    deadline = time.monotonic() + (cfg.duration or 0)
+    done = 0
+    while (done < total) if cfg.duration is None else (time.monotonic() < deadline):
+        n = min(chunk, total - done) if cfg.duration is None else chunk
+        for name, fn in paths.items():  # A B C A B C: drift hits every path alike
+            out = samples[name]
+            for _ in range(n):
+                t0 = clock()
+                await fn()
+                out.append(clock() - t0)
+        done += n
+        report(_state(cfg, url, transport, samples, done, total or done))
+    arrays = {k: np.asarray(v, dtype=np.int64) for k, v in samples.items()}
+    result = _result(cfg, transport, url, arrays)
+    result["baseline_note"] = base.why_not
+    return result, arrays
+
+
+def _state(
+    cfg: PingConfig, url: str, transport: str, samples: dict[str, list[int]], done: int, total: int
+) -> dict[str, Any]:
+    stats = {k: summarize(v) if v else None for k, v in samples.items()}
+    g = stats["gpuremote"]
+    ratios = {k: ratio(g["p50"], s["p50"]) if g and s else None for k, s in stats.items()}
+    recent = np.asarray(samples["gpuremote"][-2000:], dtype=np.float64) / 1e3
+    return {
+        "url": url,
+        "transport": transport,
+        "size": cfg.size,
+        "done": done,
+        "total": total,
+        "stats": stats,
+        "ratios": ratios,
+        "recent_us": recent,
+    }
+
+
+def _result(
+    cfg: PingConfig, transport: str, url: str, arrays: dict[str, np.ndarray]
+) -> dict[str, Any]:
+    rtt = summarize(arrays["gpuremote"])
+    base = {k: summarize(v) for k, v in arrays.items() if k != "gpuremote"}
+    ref = base.get("asyncio")
+    return {
+        "bench": "ping",
+        "transport": transport,
+        "url": url,
+        "size": cfg.size,
+        "count": int(arrays["gpuremote"].size),
+        "warmup": cfg.warmup,
+        "rtt_us": rtt,
+        "baseline_rtt_us": ref,
+        "baseline": "asyncio streams echo on the proxy's event loop" if ref else None,
+        "baselines": base,
+        "ratio_p50": ratio(rtt["p50"], ref["p50"]) if ref else None,
+        "ratio_p50_blocking": ratio(rtt["p50"], base["blocking"]["p50"]) if base else None,
+    }

@@ -1,0 +1,120 @@
+"""Rich renderables of the benches' state: pure functions of immutable snapshots."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from rich.console import Group, RenderableType
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from .stats import KEYS
+
+__all__ = ["histogram", "ping_view", "sparkline", "stats_table", "throughput_view"]
+
+_BLOCKS = " ▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: Sequence[float], width: int = 60) -> str:
+    """Values as a row of block characters (the latest ``width`` values)."""
+    vals = np.asarray(values[-width:], dtype=np.float64)
+    if vals.size == 0:
+        return ""
+    lo, hi = float(vals.min()), float(vals.max())
+    span = hi - lo or 1.0
+    return "".join(_BLOCKS[1 + int((v - lo) / span * 7.999)] for v in vals)
+
+
+def histogram(samples_us: np.ndarray, bins: int = 12, width: int = 40) -> Table:
+    """A latency histogram (log-spaced bins) as a table of bars."""
+    t = Table.grid(padding=(0, 1))
+    t.add_column(justify="right", style="cyan")
+    t.add_column()
+    t.add_column(justify="right", style="dim")
+    if samples_us.size == 0:
+        return t
+    lo, hi = max(float(samples_us.min()), 0.1), float(np.percentile(samples_us, 99.9))
+    edges = np.geomspace(lo, max(hi, lo * 1.01), bins + 1)
+    counts, _ = np.histogram(np.clip(samples_us, lo, edges[-1]), edges)
+    top = max(int(counts.max()), 1)
+    for left, n in zip(edges[:-1], counts, strict=True):
+        t.add_row(f"{left:8.1f} µs", "█" * round(n / top * width), str(int(n)))
+    return t
+
+
+def stats_table(rows: Mapping[str, dict[str, float] | None], ratios: Mapping[str, Any]) -> Table:
+    t = Table(title="round trip, µs", title_justify="left")
+    t.add_column("path")
+    for k in KEYS:
+        t.add_column(k, justify="right")
+    t.add_column("p50 ratio", justify="right")
+    for name, st in rows.items():
+        if st is None:
+            continue
+        r = ratios.get(name)
+        t.add_row(name, *(f"{st[k]:.1f}" for k in KEYS), "" if r is None else f"{r:.2f}x")
+    return t
+
+
+def ping_view(state: dict[str, Any]) -> RenderableType:
+    """The live ping view: progress, percentiles per path, sparkline, histogram."""
+    done, total = state["done"], state["total"]
+    parts: list[RenderableType] = [
+        Text(
+            f"gpuremote bench ping: {state['url']} ({state['transport']}), "
+            f"{state['size']} B messages",
+            style="bold",
+        ),
+        ProgressBar(total=max(total, 1), completed=done, width=60),
+        Text(f"{done}/{total} round trips", style="dim"),
+        stats_table(state["stats"], state.get("ratios", {})),
+    ]
+    recent = state.get("recent_us")
+    if recent is not None and len(recent):
+        parts.append(
+            Text("recent gpuremote round trips: " + sparkline(list(recent)), style="green")
+        )
+        parts.append(histogram(np.asarray(recent)))
+    return Group(*parts)
+
+
+def throughput_view(state: dict[str, Any]) -> RenderableType:
+    """The live throughput view: progress, a row and a bar per size and direction."""
+    t = Table(
+        title=f"gpuremote bench throughput: {state['url']} ({state['transport']})",
+        title_justify="left",
+    )
+    for col in ("size", "dir", "GB/s", "Gbit/s", "baseline GB/s", "ratio", ""):
+        t.add_column(col, justify="right" if col not in ("dir", "") else "left")
+    peak = max(
+        [r["gbps"] for r in state["results"]]
+        + [r["baseline_gbps"] or 0 for r in state["results"]]
+        + [1e-9]
+    )
+    for r in state["results"]:
+        bar = "█" * max(1, round(r["gbps"] / peak * 30))
+        base = r["baseline_gbps"]
+        t.add_row(
+            _size(r["size"]),
+            r["direction"],
+            f"{r['gbps']:.3f}",
+            f"{r['gbps'] * 8:.2f}",
+            "-" if base is None else f"{base:.3f}",
+            "-" if r["ratio"] is None else f"{r['ratio']:.2f}x",
+            Text(bar, style="green"),
+        )
+    return Group(
+        ProgressBar(total=max(state["total"], 1), completed=state["done"], width=60),
+        Text(state.get("current", ""), style="dim"),
+        t,
+    )
+
+
+def _size(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} B"

@@ -1,0 +1,209 @@
+"""``gpuremote bench throughput``: host-to-device and device-to-host copies through gpuremote
+for a sweep of sizes, interleaved transfer by transfer with the same pattern over bare
+blocking sockets and asyncio streams (an 8-byte ack or request the other way)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import gpuremote
+from gpuremote.framing import byte_view
+from gpuremote.localproxy import peak_rss_bytes, reset_peak_rss, rss_bytes
+
+from .baseline import Baselines
+from .stats import gbps, ratio
+from .target import Target, open_target
+
+__all__ = ["DEFAULT_SIZES", "ThroughputConfig", "run_throughput"]
+
+DEFAULT_SIZES = [4096 * 4**i for i in range(9)]  # 4 KiB .. 256 MiB
+_EMPTY = memoryview(b"")
+
+
+@dataclass
+class ThroughputConfig:
+    url: str | None = None
+    transport: str = "tcp"
+    backend: str = "auto"
+    sizes: list[int] = field(default_factory=lambda: list(DEFAULT_SIZES))
+    baseline: bool = True
+    bytes_per_point: int = 1 << 30  # transfers per size: this many bytes, within [min, max]
+    min_reps: int = 5
+    max_reps: int = 200
+
+
+def _reps(cfg: ThroughputConfig, size: int) -> int:
+    return max(cfg.min_reps, min(cfg.max_reps, cfg.bytes_per_point // max(size, 1)))
+
+
+async def run_throughput(
+    cfg: ThroughputConfig, report: Callable[[dict[str, Any]], None] = lambda s: None
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run the sweep; returns the JSON result and the raw samples (one row per transfer)."""
+    async with (
+        open_target(cfg.url, cfg.transport, cfg.backend) as target,
+        gpuremote.connect(target.url) as gpu,
+    ):
+        memory = await _memory_phase(gpu, target, max(cfg.sizes))
+        base = await Baselines.open(gpu.device, target.host, cfg.baseline)
+        try:
+            return await _sweep(cfg, gpu, target, base, memory, report)
+        finally:
+            base.close()
+
+
+async def _memory_phase(gpu: gpuremote.GPU, target: Target, size: int) -> dict[str, Any]:
+    """One upload and one download of ``size`` bytes, with the peak memory of both sides."""
+    host = np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8)
+    arr = gpu.empty(size, "uint8")
+    await gpu.synchronize()
+    pid = target.proxy_pid if target.proxy_pid != os.getpid() else None
+    start = {"client": rss_bytes(), "proxy": rss_bytes(pid) if pid else None}
+    reset_peak_rss()
+    if pid:
+        reset_peak_rss(pid)
+    await arr.write(host)
+    back = await arr.get()
+    client_peak = peak_rss_bytes()  # before the check below, which makes temporaries
+    ok = bool(np.array_equal(back, host))
+    del back
+    if pid:
+        proxy_peak: float | None = peak_rss_bytes(pid)
+    else:
+        stats = await gpu.proxy_stats()
+        proxy_peak = stats.get("peak_rss_bytes") if target.proxy_pid is None else None
+    arr.free()
+    mb = 1 << 20
+    return {
+        "payload_mb": size / mb,
+        "verified": ok,
+        "client": client_peak / mb,
+        "proxy": None if proxy_peak is None else proxy_peak / mb,
+        "start_mb": {k: None if v is None else v / mb for k, v in start.items()},
+    }
+
+
+def _paths(
+    direction: str, arr: gpuremote.RemoteArray, host: np.ndarray, base: Baselines
+) -> dict[str, Callable[[], Any]]:
+    """One transfer of ``host``'s size in ``direction`` over each path."""
+    view, size = byte_view(host), host.nbytes
+    b, a = base.blocking, base.asyncio
+    if direction == "h2d":
+
+        async def gpuremote_path() -> None:
+            await arr.write(host)
+
+        async def blocking_path() -> None:
+            assert b is not None
+            b.request(view, 8)
+
+        async def asyncio_path() -> None:
+            assert a is not None
+            await a.request(view, 8)
+    else:
+
+        async def gpuremote_path() -> None:
+            await arr.get()
+
+        async def blocking_path() -> None:
+            assert b is not None
+            b.request(_EMPTY, size)
+
+        async def asyncio_path() -> None:
+            assert a is not None
+            await a.request(_EMPTY, size)
+
+    if b is None or a is None:
+        return {"gpuremote": gpuremote_path}
+    return {"gpuremote": gpuremote_path, "blocking": blocking_path, "asyncio": asyncio_path}
+
+
+async def _sweep(
+    cfg: ThroughputConfig,
+    gpu: gpuremote.GPU,
+    target: Target,
+    base: Baselines,
+    memory: dict[str, Any],
+    report: Callable[[dict[str, Any]], None],
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    clock = time.perf_counter_ns
+    results: list[dict[str, Any]] = []
+    raw: list[dict[str, Any]] = []
+    total = 2 * len(cfg.sizes)
+    state = {
+        "url": target.url,
+        "transport": target.transport,
+        "results": results,
+        "done": 0,
+        "total": total,
+        "current": "",
+    }
+    for size in cfg.sizes:
+        host = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+        arr = gpu.empty(size, "uint8")
+        await arr.write(host)
+        if not np.array_equal(await arr.get(), host):
+            raise gpuremote.GpuRemoteError(f"data of {size} bytes came back changed")
+        reps = _reps(cfg, size)
+        for direction in ("h2d", "d2h"):
+            state["current"] = f"{direction} {size} bytes x {reps}"
+            report(dict(state))
+            paths = _paths(direction, arr, host, base)
+            times: dict[str, list[int]] = {k: [] for k in paths}
+            for fn in paths.values():  # one warm-up transfer each
+                await fn()
+            for i in range(reps):
+                for name, fn in paths.items():
+                    t0 = clock()
+                    await fn()
+                    dt = clock() - t0
+                    times[name].append(dt)
+                    raw.append(
+                        {
+                            "path": name,
+                            "size": size,
+                            "direction": direction,
+                            "iteration": i,
+                            "ns": dt,
+                        }
+                    )
+            g = gbps(size, times["gpuremote"])
+            base_gbps = gbps(size, times["blocking"]) if "blocking" in times else None
+            aio = gbps(size, times["asyncio"]) if "asyncio" in times else None
+            results.append(
+                {
+                    "size": size,
+                    "direction": direction,
+                    "reps": reps,
+                    "gbps": g,
+                    "gbit_s": g * 8,
+                    "baseline_gbps": base_gbps,
+                    "asyncio_gbps": aio,
+                    "ratio": ratio(g, base_gbps),
+                }
+            )
+            state["done"] = len(results)
+            report(dict(state))
+        arr.free()
+    result = {
+        "bench": "throughput",
+        "transport": target.transport,
+        "url": target.url,
+        "baseline": "blocking sockets, two processes" if base.blocking else None,
+        "baseline_note": base.why_not,
+        "results": results,
+        "peak_rss_mb": {
+            "client": memory["client"],
+            "proxy": memory["proxy"],
+            "payload_mb": memory["payload_mb"],
+            "start": memory["start_mb"],
+        },
+    }
+    return result, raw

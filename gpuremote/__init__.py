@@ -1,0 +1,58 @@
+"""gpuremote: GPU API remoting over the network.
+
+An application with no GPU sends GPU work (allocations, copies, kernel launches,
+synchronisation) to a proxy process that owns the GPU::
+
+    import gpuremote
+
+    async with gpuremote.connect("tcp://gpu-box:5151") as gpu:
+        y = gpu.tanh(gpu.matmul(gpu.asarray(x), gpu.asarray(w)))
+        out = await y.get()
+
+The proxy: ``gpuremote serve --listen tcp://0.0.0.0:5151``.
+"""
+
+from __future__ import annotations
+
+from .aio import run
+from .calls import CALLS, CallClass
+from .client import GPU, Event, Kernel, RemoteArray, Stream, connect
+from .config import PipelineConfig
+from .errors import (
+    ConfigError,
+    ConnectionClosed,
+    GpuRemoteError,
+    LimitExceeded,
+    LocalProtocolError,
+    ProtocolError,
+    RemoteCallError,
+    RemoteProtocolError,
+    TransportUnavailable,
+)
+from .proxy import Proxy
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CALLS",
+    "GPU",
+    "CallClass",
+    "ConfigError",
+    "ConnectionClosed",
+    "Event",
+    "GpuRemoteError",
+    "Kernel",
+    "LimitExceeded",
+    "LocalProtocolError",
+    "PipelineConfig",
+    "ProtocolError",
+    "Proxy",
+    "RemoteArray",
+    "RemoteCallError",
+    "RemoteProtocolError",
+    "Stream",
+    "TransportUnavailable",
+    "__version__",
+    "connect",
+    "run",
+]

@@ -1,0 +1,3 @@
+from gpuremote.cli import main
+
+raise SystemExit(main())

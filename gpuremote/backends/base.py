@@ -1,0 +1,118 @@
+"""The small interface every backend implements (allocations, copies, streams, events, ops)."""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import Sequence
+from typing import Any, TypedDict
+
+import numpy as np
+
+__all__ = ["Backend", "BackendError", "DeviceInfo"]
+
+
+class BackendError(Exception):
+    """A backend cannot do what was asked (unsupported feature, out of memory)."""
+
+
+class DeviceInfo(TypedDict):
+    backend: str
+    device: str
+    total_memory: int
+    compute_capability: str
+    note: str
+
+
+class Backend(abc.ABC):
+    """Device memory, copies, streams, events and op execution for one array library.
+
+    Buffers are flat ``uint8`` arrays of ``xp``; arrays are views into them. Streams and events
+    are opaque objects. Every call takes the stream it runs on; on the NumPy backend work is
+    done at once, in order, so streams only order and events are complete when recorded.
+    """
+
+    name: str
+    xp: Any
+
+    @abc.abstractmethod
+    def device_info(self) -> DeviceInfo: ...
+
+    def batch(self) -> contextlib.AbstractContextManager[Any]:
+        """Context around running one batch (e.g. floating-point error settings)."""
+        return contextlib.nullcontext()
+
+    @abc.abstractmethod
+    def alloc(self, nbytes: int) -> Any:
+        """A new device buffer of ``nbytes``; raises ``BackendError`` when out of memory."""
+
+    def view(self, buf: Any, offset: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
+        """The C-contiguous array ``shape``/``dtype`` at ``offset`` bytes into ``buf``."""
+        nbytes = dtype.itemsize
+        for d in shape:
+            nbytes *= d
+        return buf[offset : offset + nbytes].view(dtype).reshape(shape)
+
+    @abc.abstractmethod
+    def from_host(self, dst: Any, src: np.ndarray[Any, Any], stream: Any) -> None:
+        """Copy host array ``src`` (same shape/dtype) into device array ``dst``."""
+
+    @abc.abstractmethod
+    def to_host(self, src: Any, stream: Any) -> np.ndarray[Any, Any]:
+        """A host copy of device array ``src``, after earlier work on ``stream``."""
+
+    def adopt_host(self, host: np.ndarray[Any, Any]) -> Any | None:
+        """Return ``host`` itself as a device buffer if this backend can, else ``None``."""
+        return None
+
+    @abc.abstractmethod
+    def copy(self, dst: Any, src: Any, stream: Any) -> None: ...
+
+    @abc.abstractmethod
+    def memset(self, buf: Any, offset: int, nbytes: int, value: int, stream: Any) -> None: ...
+
+    @abc.abstractmethod
+    def run_op(
+        self, op: Any, ins: Sequence[Any], outs: Sequence[Any], params: dict[str, Any], stream: Any
+    ) -> None:
+        """Run allow-listed op ``op`` (an ``ops.Op``) on ``stream``."""
+
+    # streams and events
+    @abc.abstractmethod
+    def create_stream(self) -> Any: ...
+
+    def destroy_stream(self, stream: Any) -> None:  # noqa: B027 - optional hook
+        """Release a stream (after its work is done)."""
+
+    @abc.abstractmethod
+    def synchronize(self, stream: Any) -> None: ...
+
+    @abc.abstractmethod
+    def create_event(self) -> Any: ...
+
+    @abc.abstractmethod
+    def record_event(self, event: Any, stream: Any) -> None: ...
+
+    @abc.abstractmethod
+    def wait_event(self, stream: Any, event: Any) -> None: ...
+
+    @abc.abstractmethod
+    def query_event(self, event: Any) -> bool: ...
+
+    # user kernels
+    def compile_kernel(self, kind: str, name: str, source: str, params: dict[str, Any]) -> Any:
+        raise BackendError(
+            f"user kernels need the cupy backend; this proxy runs the {self.name} backend"
+        )
+
+    def launch_kernel(
+        self,
+        kernel: Any,
+        args: Sequence[Any],
+        grid: tuple[int, ...],
+        block: tuple[int, ...],
+        stream: Any,
+    ) -> None:
+        raise BackendError(
+            f"user kernels need the cupy backend; this proxy runs the {self.name} backend"
+        )

@@ -1,0 +1,132 @@
+"""The one table of API calls: name, opcode, call class and argument schema.
+
+Every call of the GPU API that gpuremote remotes is written here once. Its class says what the
+client does with it:
+
+- ``LOCAL``: answered on the client from shadow state; nothing is sent.
+- ``ASYNC``: queued, batched and sent; the client does not wait for it.
+- ``SYNC``: sent; the client waits for its reply (it brings data back, or waits on the device).
+
+The argument schema is what the proxy checks before it runs anything.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+__all__ = ["CALLS", "CALLS_BY_NAME", "CALLS_BY_OPCODE", "Arg", "CallClass", "CallSpec"]
+
+
+class CallClass(enum.Enum):
+    """How the client treats a call (see the module docstring)."""
+
+    LOCAL = "local"
+    ASYNC = "async"
+    SYNC = "sync"
+
+
+class Arg(enum.Enum):
+    """Argument kinds of the schema; the proxy validates each (``gpuremote.protocol``)."""
+
+    HANDLE = "handle"  # client-chosen id, 0 <= h < 2**63
+    SIZE = "size"  # non-negative int
+    INT = "int"  # any 64-bit int
+    NUMBER = "number"  # int or float
+    BOOL = "bool"
+    NAME = "name"  # short identifier-like string
+    TEXT = "text"  # source code
+    ARRAY = "array"  # array descriptor [handle, offset, shape, dtype]
+    ARRAYS = "arrays"  # list of array descriptors
+    PARAMS = "params"  # small dict of scalars / int lists
+    KERNEL_ARGS = "kernel_args"  # list of ["a", array] / ["s", dtype, number]
+    DIMS = "dims"  # list of 1 to 3 positive ints (grid, block)
+    BUFFER = "buffer"  # index of an out-of-band buffer of the frame
+
+
+@dataclass(frozen=True, slots=True)
+class CallSpec:
+    """One API call: its wire opcode (0 for LOCAL calls), class and argument schema."""
+
+    name: str
+    opcode: int
+    klass: CallClass
+    args: tuple[tuple[str, Arg], ...] = ()
+    doc: str = ""
+
+    @property
+    def arg_names(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.args)
+
+
+_A, _S, _L = CallClass.ASYNC, CallClass.SYNC, CallClass.LOCAL
+
+CALLS: tuple[CallSpec, ...] = (
+    # -- answered on the client (shadow resources) ----------------------------------------
+    CallSpec("device_info", 0, _L, doc="device properties, cached at connect"),
+    CallSpec("array_meta", 0, _L, doc="shape, dtype, size, stream of an array"),
+    CallSpec("current_stream", 0, _L, doc="the stream new calls go to"),
+    CallSpec("view", 0, _L, doc="reshape or byte-range view of a buffer"),
+    CallSpec("host_copy", 0, _L, doc="get() of a buffer whose uploaded host copy is valid"),
+    # -- session ---------------------------------------------------------------------------
+    CallSpec("hello", 1, _S, (("version", Arg.SIZE),), "handshake; returns device properties"),
+    CallSpec("ping", 2, _S, (("data", Arg.BUFFER),), "echo a buffer (latency benchmark)"),
+    CallSpec("stats", 3, _S, (), "the proxy's figures for this session"),
+    # -- memory ----------------------------------------------------------------------------
+    CallSpec("alloc", 10, _A, (("handle", Arg.HANDLE), ("nbytes", Arg.SIZE))),
+    CallSpec("free", 11, _A, (("handle", Arg.HANDLE),)),
+    CallSpec("copy_h2d", 12, _A, (("dst", Arg.ARRAY), ("data", Arg.BUFFER)), "host-to-device copy"),
+    CallSpec("copy_d2h", 13, _S, (("src", Arg.ARRAY),), "device-to-host copy; returns a buffer"),
+    CallSpec("copy_d2d", 14, _A, (("dst", Arg.ARRAY), ("src", Arg.ARRAY))),
+    CallSpec(
+        "memset",
+        15,
+        _A,
+        (("handle", Arg.HANDLE), ("offset", Arg.SIZE), ("nbytes", Arg.SIZE), ("value", Arg.SIZE)),
+    ),
+    # -- execution -------------------------------------------------------------------------
+    CallSpec(
+        "launch",
+        20,
+        _A,
+        (("op", Arg.NAME), ("inputs", Arg.ARRAYS), ("outputs", Arg.ARRAYS), ("params", Arg.PARAMS)),
+        "run an allow-listed op",
+    ),
+    CallSpec(
+        "kernel_create",
+        21,
+        _A,
+        (
+            ("handle", Arg.HANDLE),
+            ("kind", Arg.NAME),
+            ("name", Arg.NAME),
+            ("source", Arg.TEXT),
+            ("params", Arg.PARAMS),
+        ),
+        "compile a user kernel; the handle is its content hash",
+    ),
+    CallSpec(
+        "kernel_launch",
+        22,
+        _A,
+        (
+            ("handle", Arg.HANDLE),
+            ("args", Arg.KERNEL_ARGS),
+            ("grid", Arg.DIMS),
+            ("block", Arg.DIMS),
+        ),
+    ),
+    # -- streams and events ----------------------------------------------------------------
+    CallSpec("stream_create", 30, _A, (("handle", Arg.HANDLE),)),
+    CallSpec("stream_destroy", 31, _A, (("handle", Arg.HANDLE),)),
+    CallSpec("stream_synchronize", 32, _S, (), "wait for the call's stream"),
+    CallSpec("device_synchronize", 33, _S, (), "wait for every stream of the session"),
+    CallSpec("event_create", 40, _A, (("handle", Arg.HANDLE),)),
+    CallSpec("event_destroy", 41, _A, (("handle", Arg.HANDLE),)),
+    CallSpec("event_record", 42, _A, (("handle", Arg.HANDLE),), "record on the call's stream"),
+    CallSpec("event_wait", 43, _A, (("handle", Arg.HANDLE),), "make the call's stream wait"),
+    CallSpec("event_query", 44, _S, (("handle", Arg.HANDLE),), "has the event completed?"),
+)
+
+CALLS_BY_NAME: dict[str, CallSpec] = {c.name: c for c in CALLS}
+CALLS_BY_OPCODE: dict[int, CallSpec] = {c.opcode: c for c in CALLS if c.klass is not _L}

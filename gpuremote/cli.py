@@ -1,0 +1,195 @@
+"""The ``gpuremote`` command: ``serve``, ``demo``, ``info`` and ``bench ...``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["main"]
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from . import aio
+    from .backends import BackendError
+    from .errors import GpuRemoteError
+    from .executor import SessionLimits
+    from .localproxy import READY
+    from .proxy import Proxy, serve
+
+    logging.basicConfig(
+        level=logging.WARNING if args.quiet else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    limits = SessionLimits(
+        **{
+            k: v
+            for k, v in (
+                ("max_device_bytes", args.max_device_bytes),
+                ("max_handles", args.max_handles),
+            )
+            if v is not None
+        }
+    )
+
+    def ready(proxy: Proxy, urls: list[str]) -> None:
+        info = proxy.backend.device_info()
+        note = f" ({info['note']})" if info["note"] else ""
+        print(
+            f"gpuremote proxy: backend {info['backend']} on {info['device']}{note}",
+            file=sys.stderr,
+            flush=True,
+        )
+        for url in urls:
+            line = f"{READY}{url}" if args.announce else f"listening on {url}"
+            print(line, flush=True, file=sys.stdout if args.announce else sys.stderr)
+
+    try:
+        aio.run(
+            serve(
+                args.listen or ["tcp://127.0.0.1:5151"],
+                args.backend,
+                ready=ready,
+                session_limits=limits,
+                bench_echo=args.bench_echo,
+            )
+        )
+    except (GpuRemoteError, BackendError) as exc:
+        print(f"gpuremote serve: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    import time
+
+    import numpy as np
+
+    from . import aio
+    from .client import connect
+    from .demo import mlp_data, train_local, train_remote
+    from .localproxy import LocalProxy
+
+    data = mlp_data(batch=args.batch, hidden=args.hidden)
+    local = train_local(data, args.steps)
+    proxy = None
+    url = args.url
+    if url is None:
+        proxy = LocalProxy("tcp", args.backend)
+        t0 = time.perf_counter()
+        url = proxy.start()
+        print(f"started a local proxy at {url} in {time.perf_counter() - t0:.2f} s")
+
+    async def run() -> Any:
+        async with connect(url) as gpu:
+            result = await train_remote(gpu, data, args.steps)
+            return gpu.device, gpu.stats(), result
+
+    try:
+        device, stats, remote = aio.run(run())
+    finally:
+        if proxy is not None:
+            proxy.stop()
+    diff = max(
+        float(np.max(np.abs(a - b))) for a, b in zip(remote.weights, local.weights, strict=True)
+    )
+    print(f"proxy backend: {device['backend']} ({device['device']})")
+    print(f"MLP training, batch {args.batch}, hidden {args.hidden}, {args.steps} steps")
+    print(
+        f"  loss: {remote.losses[0]:.5f} -> {remote.losses[-1]:.5f} (remote), "
+        f"{local.losses[0]:.5f} -> {local.losses[-1]:.5f} (local NumPy)"
+    )
+    print(f"  largest weight difference remote vs local: {diff:.3g}")
+    print(f"  time: remote {remote.seconds * 1e3:.1f} ms, local {local.seconds * 1e3:.1f} ms")
+    calls = stats["calls"]
+    print(
+        f"  calls: {calls['async']} async, {calls['sync']} sync, {calls['local']} local; "
+        f"{stats['frames_sent']} frames sent, {stats['round_trips']} round trips"
+    )
+    ok = diff <= 1e-4 and np.allclose(remote.losses, local.losses, rtol=1e-4, atol=1e-6)
+    print("result: OK, remote equals local" if ok else "result: MISMATCH")
+    return 0 if ok else 1
+
+
+def _info(args: argparse.Namespace) -> int:
+    import json
+
+    from . import aio
+    from .client import connect
+
+    async def run() -> dict[str, Any]:
+        async with connect(args.url) as gpu:
+            return gpu.device
+
+    print(json.dumps(aio.run(run()), indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpuremote", description="GPU API remoting")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run a proxy that owns the GPU")
+    s.add_argument(
+        "--listen",
+        action="append",
+        metavar="URL",
+        help="address to listen on (repeatable; default tcp://127.0.0.1:5151)",
+    )
+    s.add_argument("--backend", choices=["auto", "cupy", "numpy"], default="auto")
+    s.add_argument(
+        "--max-device-bytes", type=int, default=None, help="per-session device memory limit"
+    )
+    s.add_argument("--max-handles", type=int, default=None, help="per-session handle limit")
+    s.add_argument(
+        "--announce",
+        action="store_true",
+        help="print the bound URL on stdout once listening (for scripts)",
+    )
+    s.add_argument("--quiet", action="store_true", help="log warnings only")
+    s.add_argument(
+        "--bench-echo",
+        action="store_true",
+        help="also serve bare echo baselines for `gpuremote bench` (loopback use)",
+    )
+    s.set_defaults(func=_serve)
+
+    d = sub.add_parser("demo", help="train a small MLP through a proxy and check the result")
+    d.add_argument("--url", default=None, help="proxy to use (default: start a local one)")
+    d.add_argument("--backend", default="auto", help="backend of the local proxy")
+    d.add_argument("--steps", type=int, default=20)
+    d.add_argument("--batch", type=int, default=256)
+    d.add_argument("--hidden", type=int, default=128)
+    d.set_defaults(func=_demo)
+
+    i = sub.add_parser("info", help="print the proxy's device properties")
+    i.add_argument("--url", default=None)
+    i.set_defaults(func=_info)
+
+    from .bench.cli import add_bench_parser
+
+    add_bench_parser(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        return 130
+    except asyncio.CancelledError:
+        return 1
+    except Exception as exc:
+        from .errors import GpuRemoteError
+
+        if isinstance(exc, GpuRemoteError):
+            print(f"gpuremote: {exc}", file=sys.stderr)
+            return 1
+        raise

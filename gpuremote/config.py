@@ -1,0 +1,111 @@
+"""Where settings come from: a function argument, else ``GPUREMOTE_URL``, else a config file
+(``gpuremote.toml`` in the working directory, then in the user's config directory), else the
+default. Application code never changes to switch transport or pipeline settings.
+
+A config file looks like::
+
+    url = "tcp://10.0.0.5:5151"
+
+    [pipeline]
+    async_calls = true        # ASYNC calls do not wait for a reply
+    batching = true           # queued calls go out together in one frame
+    shadow = true             # keep host copies of uploads; answer get() from them
+    max_batch_calls = 1024
+    max_batch_bytes = 4194304
+    flush_delay_us = 0        # 0: flush when control returns to the event loop
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+__all__ = [
+    "DEFAULT_URL",
+    "ENV_URL",
+    "PipelineConfig",
+    "config_paths",
+    "load_config_file",
+    "pipeline_config",
+    "resolve_url",
+]
+
+DEFAULT_URL = "tcp://127.0.0.1:5151"
+ENV_URL = "GPUREMOTE_URL"
+CONFIG_NAME = "gpuremote.toml"
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineConfig:
+    """Switches and bounds of the client's command pipeline."""
+
+    async_calls: bool = True
+    batching: bool = True
+    shadow: bool = True
+    max_batch_calls: int = 1024
+    max_batch_bytes: int = 4 << 20
+    flush_delay_us: float = 0.0
+    shadow_max_bytes: int = 64 << 20  # host copies larger than this are not kept
+
+    def __post_init__(self) -> None:
+        if self.max_batch_calls < 1 or self.max_batch_bytes < 1 or self.flush_delay_us < 0:
+            raise ConfigError("pipeline bounds must be positive")
+
+
+def config_paths() -> list[Path]:
+    """Config files looked at, in order of precedence."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return [Path.cwd() / CONFIG_NAME, Path(base) / "gpuremote" / CONFIG_NAME]
+
+
+def load_config_file(path: Path | None = None) -> dict[str, Any]:
+    """The first config file found (or ``path``), parsed; ``{}`` if there is none."""
+    candidates = [path] if path is not None else config_paths()
+    for p in candidates:
+        if p.is_file():
+            try:
+                with p.open("rb") as fh:
+                    data = tomllib.load(fh)
+            except (OSError, tomllib.TOMLDecodeError) as exc:
+                raise ConfigError(f"cannot read config file {p}: {exc}") from None
+            data.setdefault("_path", str(p))
+            return data
+    return {}
+
+
+def resolve_url(url: str | None = None, *, config: dict[str, Any] | None = None) -> str:
+    """The proxy URL: argument, else environment, else config file, else the default."""
+    if url:
+        return url
+    env = os.environ.get(ENV_URL)
+    if env:
+        return env
+    cfg = load_config_file() if config is None else config
+    value = cfg.get("url")
+    if value is not None:
+        if not isinstance(value, str):
+            raise ConfigError(f"'url' in {cfg.get('_path', 'config')} must be a string")
+        return value
+    return DEFAULT_URL
+
+
+def pipeline_config(
+    overrides: dict[str, Any] | None = None, *, config: dict[str, Any] | None = None
+) -> PipelineConfig:
+    """Pipeline settings from the config file's ``[pipeline]`` table, then ``overrides``."""
+    cfg = load_config_file() if config is None else config
+    table = dict(cfg.get("pipeline", {}))
+    table.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    known = {f.name for f in fields(PipelineConfig)}
+    unknown = set(table) - known
+    if unknown:
+        raise ConfigError(f"unknown pipeline setting(s): {', '.join(sorted(unknown))}")
+    try:
+        return replace(PipelineConfig(), **table)
+    except TypeError as exc:
+        raise ConfigError(f"bad pipeline settings: {exc}") from None

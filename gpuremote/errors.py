@@ -1,0 +1,87 @@
+"""The one family of exceptions that gpuremote raises to its callers.
+
+Local misuse (``LocalProtocolError``) and garbage from the peer (``RemoteProtocolError``) are
+different errors, as in h11; a failed remote call is a ``RemoteCallError`` that names the call,
+its op and the proxy's message.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "ConnectionClosed",
+    "GpuRemoteError",
+    "LimitExceeded",
+    "LocalProtocolError",
+    "ProtocolError",
+    "RemoteCallError",
+    "RemoteProtocolError",
+    "TransportUnavailable",
+]
+
+
+class GpuRemoteError(Exception):
+    """Base class of every error gpuremote raises."""
+
+
+class ConfigError(GpuRemoteError):
+    """A URL, config file or option is invalid."""
+
+
+class TransportUnavailable(ConfigError):
+    """The URL names a transport that is unknown or whose optional extra is not installed."""
+
+
+class ConnectionClosed(GpuRemoteError):
+    """The connection is gone (closed by either side, or lost); pending calls fail with this."""
+
+
+class ProtocolError(GpuRemoteError):
+    """A frame or message breaks the wire protocol."""
+
+
+class LocalProtocolError(ProtocolError):
+    """This side tried to send something the protocol does not allow (a limit, a bad value)."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer sent bytes that are not a valid frame or message; the connection is unusable."""
+
+
+class LimitExceeded(LocalProtocolError):
+    """A hard limit (frame size, buffers, commands, ndim, handles, memory) would be exceeded."""
+
+
+class RemoteCallError(GpuRemoteError):
+    """A call failed on the proxy.
+
+    ``call`` and ``op`` name the failing call (``op`` is the launched op or kernel, if any);
+    ``seq`` is its sequence number in the session; ``deferred`` is true when the failed call was
+    asynchronous and is reported at a later synchronisation point; ``skipped`` counts the calls
+    queued after it on the same stream that were not run.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        call: str,
+        op: str | None = None,
+        seq: int = -1,
+        kind: str = "Error",
+        deferred: bool = False,
+        skipped: int = 0,
+    ) -> None:
+        self.message = message
+        self.call = call
+        self.op = op
+        self.seq = seq
+        self.kind = kind
+        self.deferred = deferred
+        self.skipped = skipped
+        what = f"{call}(op={op!r})" if op else call
+        where = f"asynchronous call #{seq} {what}" if deferred else f"call #{seq} {what}"
+        text = f"{where} failed on the proxy: {kind}: {message}"
+        if skipped:
+            text += f" ({skipped} later call(s) on that stream were not run)"
+        super().__init__(text)

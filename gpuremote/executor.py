@@ -1,0 +1,479 @@
+"""The proxy's executor: one per client session, independent of any network.
+
+It holds the session's handle tables (buffers, streams, events, kernels), runs each batch of
+decoded commands in order on a backend, and answers the commands that need a reply. A failing
+ASYNC command becomes a deferred error: later work on its stream is skipped, and the error is
+the answer to the session's next SYNC command, after which the session goes on normally.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .backends import Backend
+from .calls import CallClass
+from .framing import byte_view
+from .ops import OPS, infer
+from .protocol import ArrayDesc, BadCommandAt, Command, ErrorInfo, Reply
+
+__all__ = ["PROTOCOL_VERSION", "Executor", "SessionLimits"]
+
+PROTOCOL_VERSION = 1
+
+# calls that manage resources rather than queue work on a stream: never skipped
+_MANAGEMENT = frozenset(
+    {
+        "alloc",
+        "free",
+        "stream_create",
+        "stream_destroy",
+        "event_create",
+        "event_destroy",
+        "kernel_create",
+        "hello",
+        "stats",
+        "ping",
+    }
+)
+
+
+class CallFailed(Exception):
+    """A command cannot run; the message goes back to the client."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionLimits:
+    """Per-session quotas, checked before the allocation they would cause."""
+
+    max_device_bytes: int = 1 << 62
+    max_handles: int = 1 << 20
+
+
+class Executor:
+    """Runs one session's commands on ``backend``; see the module docstring."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        limits: SessionLimits = SessionLimits(),
+        session_id: int = 0,
+        info: dict[str, Any] | None = None,
+    ) -> None:
+        self.backend = backend
+        self.info = info or {}
+        self.limits = limits
+        self.session_id = session_id
+        self.buffers: dict[int, Any] = {}
+        self.nbytes: dict[int, int] = {}
+        self.streams: dict[int, Any] = {0: backend.create_stream()}
+        self.events: dict[int, Any] = {}
+        self.kernels: dict[int, Any] = {}
+        self.device_bytes = 0
+        self._views: dict[int, dict[ArrayDesc, Any]] = {}
+        self._plans: dict[Any, tuple[Any, list[Any], list[Any]]] = {}  # checked launches
+        self._poisoned: set[int] = set()
+        self._pending: list[ErrorInfo] = []
+        self._skipped = 0
+        self.counts = {k.value: 0 for k in CallClass}
+        self.failed = 0
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.started = time.time()
+        self._dispatch = {
+            name[5:]: getattr(self, name) for name in dir(self) if name.startswith("_cmd_")
+        }
+
+    # -- public ----------------------------------------------------------------------------
+    def execute(
+        self, commands: Sequence[Command | BadCommandAt], buffers: Sequence[memoryview]
+    ) -> tuple[list[Reply], list[memoryview]]:
+        """Run a batch in order; return the replies and the reply frame's buffers."""
+        replies: list[Reply] = []
+        out_bufs: list[memoryview] = []
+        if buffers:
+            self.bytes_in += sum(b.nbytes for b in buffers)
+        last = len(commands) - 1
+        ctx = _Ctx(buffers, out_bufs, set(), False, None, 0)
+        with self.backend.batch():
+            self._run(commands, ctx, last, replies)
+        if out_bufs:
+            self.bytes_out += sum(b.nbytes for b in out_bufs)
+        return replies, out_bufs
+
+    def _run(
+        self, commands: Sequence[Command | BadCommandAt], ctx: _Ctx, last: int, replies: list[Reply]
+    ) -> None:
+        counts, streams, dispatch = self.counts, self.streams, self._dispatch
+        for i, cmd in enumerate(commands):
+            if type(cmd) is BadCommandAt:
+                self._fail_async_or_reply(
+                    cmd.seq,
+                    cmd.call,
+                    None,
+                    "BadCommand",
+                    cmd.message,
+                    sync=True,
+                    replies=replies,
+                    stream=None,
+                )
+                continue
+            assert type(cmd) is Command
+            spec = cmd.spec
+            sync = spec.klass is CallClass.SYNC
+            counts[spec.klass.value] += 1
+            if sync and self._pending:
+                replies.append(Reply(cmd.seq, False, self._take_deferred()))
+                continue
+            if cmd.stream in self._poisoned and spec.name not in _MANAGEMENT:
+                self._skipped += 1
+                if cmd.ack:
+                    replies.append(Reply(cmd.seq, True, None))
+                continue
+            try:
+                stream = streams.get(cmd.stream)
+                if stream is None:
+                    raise CallFailed(f"unknown stream handle {cmd.stream}")
+                ctx.is_last = i == last
+                ctx.stream = stream
+                ctx.stream_handle = cmd.stream
+                value = dispatch[spec.name](ctx, *cmd.args)
+            except Exception as exc:
+                op = cmd.args[0] if spec.name == "launch" else None
+                kind = "CallFailed" if isinstance(exc, CallFailed) else type(exc).__name__
+                self._fail_async_or_reply(
+                    cmd.seq,
+                    spec.name,
+                    op,
+                    kind,
+                    str(exc) or kind,
+                    sync=sync,
+                    replies=replies,
+                    stream=cmd.stream,
+                    ack=cmd.ack,
+                )
+                continue
+            if sync or cmd.ack:
+                replies.append(Reply(cmd.seq, True, value))
+
+    def close(self) -> None:
+        """Free everything this session holds (at disconnect)."""
+        self.buffers.clear()
+        self.nbytes.clear()
+        self._views.clear()
+        self.device_bytes = 0
+        for s in list(self.streams.values()):
+            self.backend.destroy_stream(s)
+        self.streams.clear()
+        self.events.clear()
+        self.kernels.clear()
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "session": self.session_id,
+            "buffers": len(self.buffers),
+            "device_bytes": self.device_bytes,
+            "streams": len(self.streams),
+            "events": len(self.events),
+            "kernels": len(self.kernels),
+            "calls": dict(self.counts),
+            "failed": self.failed,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "uptime_s": time.time() - self.started,
+        }
+
+    # -- errors ----------------------------------------------------------------------------
+    def _fail_async_or_reply(
+        self,
+        seq: int,
+        call: str,
+        op: str | None,
+        kind: str,
+        message: str,
+        *,
+        sync: bool,
+        replies: list[Reply],
+        stream: int | None,
+        ack: bool = False,
+    ) -> None:
+        self.failed += 1
+        if sync:
+            replies.append(Reply(seq, False, ErrorInfo(seq, call, op, kind, message, False, 0)))
+            return
+        self._pending.append(ErrorInfo(seq, call, op, kind, message, True, 0))
+        if stream is not None:
+            self._poisoned.add(stream)
+        if ack:
+            replies.append(Reply(seq, True, None))
+
+    def _take_deferred(self) -> ErrorInfo:
+        first = self._pending[0]._replace(skipped=self._skipped)
+        if len(self._pending) > 1:
+            first = first._replace(
+                message=f"{first.message} (and {len(self._pending) - 1} more failed call(s))"
+            )
+        self._pending.clear()
+        self._poisoned.clear()
+        self._skipped = 0
+        return first
+
+    # -- resolution ------------------------------------------------------------------------
+    def _resolve(self, desc: ArrayDesc) -> Any:
+        views = self._views.get(desc.handle)
+        if views is not None:
+            v = views.get(desc)
+            if v is not None:
+                return v
+        buf = self.buffers.get(desc.handle)
+        if buf is None:
+            raise CallFailed(f"unknown buffer handle {desc.handle}")
+        end = desc.offset + desc.nbytes
+        if end > self.nbytes[desc.handle]:
+            raise CallFailed(
+                f"array of {desc.nbytes} bytes at offset {desc.offset} lies outside buffer "
+                f"{desc.handle} of {self.nbytes[desc.handle]} bytes"
+            )
+        v = self.backend.view(buf, desc.offset, desc.shape, desc.dtype)
+        if views is None:
+            views = self._views[desc.handle] = {}
+        if len(views) < 64:
+            views[desc] = v
+        return v
+
+    def _new_handle(self, table: dict[int, Any], handle: int, what: str) -> None:
+        if handle in table:
+            raise CallFailed(f"{what} handle {handle} is already in use")
+        total = len(self.buffers) + len(self.streams) + len(self.events) + len(self.kernels)
+        if total >= self.limits.max_handles:
+            raise CallFailed(
+                f"session holds {total} handles; the limit is {self.limits.max_handles}"
+            )
+
+    # -- commands (name after "_cmd_" is the call name) -------------------------------------
+    def _cmd_hello(self, ctx: _Ctx, version: int) -> Any:
+        if version != PROTOCOL_VERSION:
+            raise CallFailed(f"client speaks protocol {version}; proxy speaks {PROTOCOL_VERSION}")
+        info: dict[str, Any] = dict(self.backend.device_info())
+        info.update(self.info)
+        info.update(
+            protocol=PROTOCOL_VERSION,
+            session=self.session_id,
+            max_device_bytes=self.limits.max_device_bytes,
+            max_handles=self.limits.max_handles,
+            ops=sorted(OPS),
+        )
+        return info
+
+    def _cmd_ping(self, ctx: _Ctx, index: int) -> Any:
+        return ctx.reply_buffer(ctx.buffers[index])
+
+    def _cmd_stats(self, ctx: _Ctx) -> Any:
+        from .localproxy import peak_rss_bytes, rss_bytes
+
+        return {**self.stats(), "rss_bytes": rss_bytes(), "peak_rss_bytes": peak_rss_bytes()}
+
+    def _cmd_alloc(self, ctx: _Ctx, handle: int, nbytes: int) -> None:
+        self._new_handle(self.buffers, handle, "buffer")
+        if self.device_bytes + nbytes > self.limits.max_device_bytes:
+            raise CallFailed(
+                f"allocating {nbytes} bytes would make this session hold "
+                f"{self.device_bytes + nbytes} bytes; its limit is {self.limits.max_device_bytes}"
+            )
+        self.buffers[handle] = self.backend.alloc(nbytes)
+        self.nbytes[handle] = nbytes
+        self.device_bytes += nbytes
+
+    def _cmd_free(self, ctx: _Ctx, handle: int) -> None:
+        if self.buffers.pop(handle, None) is None:
+            raise CallFailed(f"unknown buffer handle {handle}")
+        self.device_bytes -= self.nbytes.pop(handle)
+        self._views.pop(handle, None)
+        if self._plans:
+            self._plans.clear()
+
+    def _cmd_copy_h2d(self, ctx: _Ctx, dst: ArrayDesc, index: int) -> None:
+        data = ctx.buffers[index]
+        if data.nbytes != dst.nbytes:
+            raise CallFailed(f"copy_h2d of {data.nbytes} bytes into an array of {dst.nbytes}")
+        view = self._resolve(dst)
+        host = np.frombuffer(data, dtype=np.uint8)
+        if (
+            dst.offset == 0
+            and dst.nbytes == self.nbytes[dst.handle]
+            and index not in ctx.used_buffers
+            and host.flags.writeable
+        ):
+            adopted = self.backend.adopt_host(host)
+            if adopted is not None:  # the received memory becomes the buffer: no copy
+                ctx.used_buffers.add(index)
+                self.buffers[dst.handle] = adopted
+                self._views.pop(dst.handle, None)
+                if self._plans:
+                    self._plans.clear()
+                return
+        ctx.used_buffers.add(index)
+        self.backend.from_host(view, host.view(dst.dtype).reshape(dst.shape), ctx.stream)
+
+    def _cmd_copy_d2h(self, ctx: _Ctx, src: ArrayDesc) -> Any:
+        host = self.backend.to_host(self._resolve(src), ctx.stream)
+        return ctx.reply_buffer(byte_view(host))
+
+    def _cmd_copy_d2d(self, ctx: _Ctx, dst: ArrayDesc, src: ArrayDesc) -> None:
+        if dst.nbytes != src.nbytes:
+            raise CallFailed(f"copy_d2d of {src.nbytes} bytes into {dst.nbytes} bytes")
+        d = self._resolve(ArrayDesc(dst.handle, dst.offset, (dst.nbytes,), np.dtype(np.uint8)))
+        s = self._resolve(ArrayDesc(src.handle, src.offset, (src.nbytes,), np.dtype(np.uint8)))
+        self.backend.copy(d, s, ctx.stream)
+
+    def _cmd_memset(self, ctx: _Ctx, handle: int, offset: int, nbytes: int, value: int) -> None:
+        buf = self.buffers.get(handle)
+        if buf is None:
+            raise CallFailed(f"unknown buffer handle {handle}")
+        if offset + nbytes > self.nbytes[handle]:
+            raise CallFailed(
+                f"memset of [{offset}, {offset + nbytes}) outside buffer {handle} "
+                f"of {self.nbytes[handle]} bytes"
+            )
+        if value > 255:
+            raise CallFailed(f"memset value {value} is not a byte")
+        self.backend.memset(buf, offset, nbytes, value, ctx.stream)
+
+    def _cmd_launch(
+        self,
+        ctx: _Ctx,
+        op_name: str,
+        inputs: tuple[ArrayDesc, ...],
+        outputs: tuple[ArrayDesc, ...],
+        params: dict[str, Any],
+    ) -> None:
+        try:
+            key: Any = (op_name, inputs, outputs, *params.items())
+            plan = self._plans.get(key)
+        except TypeError:  # list-valued params are not hashable: no plan cache
+            key, plan = None, None
+        if plan is None:
+            plan = self._plan(op_name, inputs, outputs, params)
+            if key is not None:
+                if len(self._plans) > 4096:
+                    self._plans.clear()
+                self._plans[key] = plan
+        op, ins, outs = plan
+        self.backend.run_op(op, ins, outs, params, ctx.stream)
+
+    def _plan(
+        self,
+        op_name: str,
+        inputs: tuple[ArrayDesc, ...],
+        outputs: tuple[ArrayDesc, ...],
+        params: dict[str, Any],
+    ) -> tuple[Any, list[Any], list[Any]]:
+        """Check a launch and resolve its arrays (cached until a buffer is freed)."""
+        op = OPS.get(op_name)
+        if op is None:
+            raise CallFailed(f"unknown op {op_name!r}; the proxy allows {len(OPS)} ops")
+        metas = infer(op_name, [(d.shape, d.dtype) for d in inputs], params)
+        if len(metas) != len(outputs) or any(
+            m != (o.shape, o.dtype) for m, o in zip(metas, outputs, strict=False)
+        ):
+            got = [(o.shape, str(o.dtype)) for o in outputs]
+            want = [(s, str(d)) for s, d in metas]
+            raise CallFailed(f"{op_name} writes outputs {want}, the call gave {got}")
+        return op, [self._resolve(d) for d in inputs], [self._resolve(d) for d in outputs]
+
+    def _cmd_kernel_create(
+        self, ctx: _Ctx, handle: int, kind: str, name: str, source: str, params: dict[str, Any]
+    ) -> None:
+        if handle in self.kernels:
+            return  # content-addressed: the same kernel again
+        self._new_handle(self.kernels, handle, "kernel")
+        self.kernels[handle] = self.backend.compile_kernel(kind, name, source, params)
+
+    def _cmd_kernel_launch(
+        self,
+        ctx: _Ctx,
+        handle: int,
+        args: tuple[Any, ...],
+        grid: tuple[int, ...],
+        block: tuple[int, ...],
+    ) -> None:
+        kernel = self.kernels.get(handle)
+        if kernel is None:
+            raise CallFailed(f"unknown kernel handle {handle:#x}")
+        values = [self._resolve(a[1]) if a[0] == "a" else a[1].type(a[2]) for a in args]
+        self.backend.launch_kernel(kernel, values, grid, block, ctx.stream)
+
+    def _cmd_stream_create(self, ctx: _Ctx, handle: int) -> None:
+        self._new_handle(self.streams, handle, "stream")
+        self.streams[handle] = self.backend.create_stream()
+
+    def _cmd_stream_destroy(self, ctx: _Ctx, handle: int) -> None:
+        if handle == 0:
+            raise CallFailed("the default stream cannot be destroyed")
+        stream = self.streams.pop(handle, None)
+        if stream is None:
+            raise CallFailed(f"unknown stream handle {handle}")
+        self.backend.destroy_stream(stream)
+
+    def _cmd_stream_synchronize(self, ctx: _Ctx) -> None:
+        self.backend.synchronize(ctx.stream)
+
+    def _cmd_device_synchronize(self, ctx: _Ctx) -> None:
+        for s in self.streams.values():
+            self.backend.synchronize(s)
+
+    def _cmd_event_create(self, ctx: _Ctx, handle: int) -> None:
+        self._new_handle(self.events, handle, "event")
+        self.events[handle] = self.backend.create_event()
+
+    def _event(self, handle: int) -> Any:
+        ev = self.events.get(handle)
+        if ev is None:
+            raise CallFailed(f"unknown event handle {handle}")
+        return ev
+
+    def _cmd_event_destroy(self, ctx: _Ctx, handle: int) -> None:
+        self._event(handle)
+        del self.events[handle]
+
+    def _cmd_event_record(self, ctx: _Ctx, handle: int) -> None:
+        self.backend.record_event(self._event(handle), ctx.stream)
+
+    def _cmd_event_wait(self, ctx: _Ctx, handle: int) -> None:
+        self.backend.wait_event(ctx.stream, self._event(handle))
+
+    def _cmd_event_query(self, ctx: _Ctx, handle: int) -> bool:
+        return self.backend.query_event(self._event(handle))
+
+
+class _Ctx:
+    """What one command sees of its batch."""
+
+    __slots__ = ("buffers", "is_last", "out_bufs", "stream", "stream_handle", "used_buffers")
+
+    def __init__(
+        self,
+        buffers: Sequence[memoryview],
+        out_bufs: list[memoryview],
+        used_buffers: set[int],
+        is_last: bool,
+        stream: Any,
+        stream_handle: int,
+    ) -> None:
+        self.buffers = buffers
+        self.out_bufs = out_bufs
+        self.used_buffers = used_buffers
+        self.is_last = is_last
+        self.stream = stream
+        self.stream_handle = stream_handle
+
+    def reply_buffer(self, data: memoryview) -> int:
+        """Attach ``data`` to the reply; copied if later commands of the batch could change it."""
+        if not self.is_last:
+            data = memoryview(bytes(data))
+        self.out_bufs.append(data)
+        return len(self.out_bufs) - 1

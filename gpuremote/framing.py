@@ -1,0 +1,360 @@
+"""Sans-I/O framing: a frame (metadata bytes plus out-of-band buffers) to and from a byte stream.
+
+Wire layout of one frame, little-endian::
+
+    magic "GR" | version u8 | flags u8 | meta_len u32 | nbufs u32
+    | nbufs x u64 buffer lengths | meta | buffers
+
+Bulk buffers never pass through the metadata encoding: ``encode_frame`` returns a list of
+buffers for a vectored write (no copy of the payloads), and ``FrameDecoder`` hands out the
+memory to read into next (``get_buffer``/``buffer_updated``, the shape of asyncio's
+``BufferedProtocol``), so that large payloads land straight in freshly allocated arrays.
+Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import LimitExceeded, LocalProtocolError, RemoteProtocolError
+
+__all__ = [
+    "HEADER",
+    "MAGIC",
+    "VERSION",
+    "Frame",
+    "FrameDecoder",
+    "FrameLimits",
+    "as_bytes_view",
+    "byte_view",
+    "encode_frame",
+]
+
+MAGIC = b"GR"
+VERSION = 1
+HEADER = struct.Struct("<2sBBII")
+_JOIN_BELOW = 16 << 10
+
+
+@dataclass(frozen=True, slots=True)
+class FrameLimits:
+    """Hard limits checked before anything they would cause is allocated."""
+
+    max_frame_bytes: int = 1 << 31  # metadata plus buffers
+    max_meta_bytes: int = 64 << 20
+    max_buffers: int = 4096
+    max_commands: int = 100_000
+    max_ndim: int = 32
+
+
+@dataclass(slots=True)
+class Frame:
+    """One message: metadata bytes (msgpack) and out-of-band buffers."""
+
+    meta: bytes
+    buffers: list[memoryview] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this frame takes on a byte stream, header included."""
+        n = HEADER.size + len(self.meta)
+        for b in self.buffers:
+            n += 8 + b.nbytes
+        return n
+
+
+@functools.lru_cache(maxsize=64)
+def _lengths(n: int) -> struct.Struct:
+    return struct.Struct(f"<{n}Q")
+
+
+def as_bytes_view(buf: object) -> memoryview:
+    view = buf if type(buf) is memoryview else memoryview(buf)  # type: ignore[arg-type]
+    if view.format == "B" and view.ndim == 1 and view.c_contiguous:
+        return view
+    if not view.c_contiguous:
+        raise LocalProtocolError("frame buffers must be C-contiguous")
+    return view.cast("B") if (view.format != "B" or view.ndim != 1) else view
+
+
+def encode_frame(frame: Frame, limits: FrameLimits = FrameLimits()) -> list[memoryview | bytes]:
+    """Return the pieces of ``frame`` on the wire, for a vectored write; payloads are not copied."""
+    bufs = [as_bytes_view(b) for b in frame.buffers]
+    if len(bufs) > limits.max_buffers:
+        raise LimitExceeded(f"{len(bufs)} buffers in one frame; the limit is {limits.max_buffers}")
+    if len(frame.meta) > limits.max_meta_bytes:
+        raise LimitExceeded(
+            f"frame metadata of {len(frame.meta)} bytes; the limit is {limits.max_meta_bytes}"
+        )
+    lengths = [b.nbytes for b in bufs]
+    total = len(frame.meta) + sum(lengths)
+    if total > limits.max_frame_bytes:
+        raise LimitExceeded(f"frame of {total} bytes; the limit is {limits.max_frame_bytes}")
+    header = HEADER.pack(MAGIC, VERSION, 0, len(frame.meta), len(bufs))
+    if lengths:
+        header += _lengths(len(lengths)).pack(*lengths)
+    if total <= _JOIN_BELOW:  # one small piece: cheaper than a vectored write
+        return [b"".join([header, frame.meta, *bufs])]
+    return [header + frame.meta, *bufs]
+
+
+def byte_view(array: Any) -> memoryview:
+    """A flat byte view of a C-contiguous NumPy array (or any buffer), without a copy."""
+    if isinstance(array, np.ndarray):
+        array = array.reshape(-1).view(np.uint8)
+    return memoryview(array)
+
+
+def default_allocate(nbytes: int) -> memoryview:
+    """Fresh, uninitialised, exclusively owned memory for one incoming buffer."""
+    return byte_view(np.empty(nbytes, dtype=np.uint8))
+
+
+# decoder states
+_HEADER, _LENGTHS, _META, _BUFFER, _ERROR = range(5)
+
+
+class FrameDecoder:
+    """Turns a byte stream into frames, with no I/O.
+
+    Feed it with ``receive_data(data)``, or, to read without a copy, write into the view that
+    ``get_buffer()`` returns and report the count with ``buffer_updated(n)``. Then take the
+    finished frames from ``next_frame()`` until it returns ``None``. A malformed header or a
+    limit exceeded raises ``RemoteProtocolError`` (or ``LimitExceeded``) and every later call
+    fails the same way. ``eof()`` says whether the stream ended between frames.
+    """
+
+    def __init__(
+        self,
+        limits: FrameLimits = FrameLimits(),
+        *,
+        allocate: Callable[[int], memoryview] = default_allocate,
+        scratch_size: int = 256 << 10,
+        direct_threshold: int = 64 << 10,
+    ) -> None:
+        self._limits = limits
+        self._allocate = allocate
+        self._scratch = bytearray(scratch_size)
+        self._view = memoryview(self._scratch)
+        self._start = 0  # unconsumed bytes of scratch are [_start, _end)
+        self._end = 0
+        self._direct_threshold = direct_threshold
+        self._direct = False  # last get_buffer() handed out the destination itself
+        self._frames: deque[Frame] = deque()
+        self._state = _HEADER
+        self._error: Exception | None = None
+        self._meta_len = 0
+        self._lengths: list[int] = []
+        self._nbufs = 0
+        self._dest: memoryview | None = None  # current field being filled (meta or a buffer)
+        self._dest_pos = 0
+        self._meta: bytes = b""
+        self._buffers: list[memoryview] = []
+
+    # -- feeding ---------------------------------------------------------------------------
+    def get_buffer(self) -> memoryview:
+        """Writable memory for the next incoming bytes (at least one byte)."""
+        self._check_error()
+        dest = self._dest
+        if (
+            dest is not None
+            and self._start == self._end
+            and dest.nbytes - self._dest_pos >= self._direct_threshold
+        ):
+            self._direct = True
+            return dest[self._dest_pos :]
+        self._direct = False
+        if self._start == self._end:
+            self._start = self._end = 0
+        elif self._end == len(self._scratch):
+            remaining = self._end - self._start
+            self._view[:remaining] = self._view[self._start : self._end]
+            self._start, self._end = 0, remaining
+        return self._view[self._end :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        """Account for ``nbytes`` written into the view from the last ``get_buffer()``."""
+        self._check_error()
+        if self._direct:
+            self._direct = False
+            self._dest_pos += nbytes
+            if self._dest is not None and self._dest_pos == self._dest.nbytes:
+                self._field_done()
+        else:
+            self._end += nbytes
+        try:
+            self._process()
+        except Exception as exc:
+            self._state = _ERROR
+            self._error = exc
+            raise
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        """Feed bytes (copied into the decoder's buffers)."""
+        src = memoryview(data).cast("B")
+        while src.nbytes:
+            buf = self.get_buffer()
+            n = min(buf.nbytes, src.nbytes)
+            buf[:n] = src[:n]
+            src = src[n:]
+            self.buffer_updated(n)
+
+    def next_frame(self) -> Frame | None:
+        """The next complete frame, or ``None`` if more data is needed."""
+        return self._frames.popleft() if self._frames else None
+
+    @property
+    def mid_frame(self) -> bool:
+        """True when part of a frame has been received but not all of it."""
+        return self._state not in (_HEADER, _ERROR) or self._end > self._start
+
+    def eof(self) -> None:
+        """Tell the decoder that the stream ended; raises if it ended inside a frame."""
+        self._check_error()
+        if self.mid_frame:
+            self._state = _ERROR
+            self._error = RemoteProtocolError("connection closed in the middle of a frame")
+            raise self._error
+
+    # -- internals -------------------------------------------------------------------------
+    def _check_error(self) -> None:
+        if self._error is not None:
+            raise RemoteProtocolError(f"decoder failed earlier: {self._error}") from self._error
+
+    def _whole_frame(self) -> bool:
+        """Fast path: take one complete frame lying wholly in scratch (small messages), or
+        return False and leave the work to the state machine (which also reports errors)."""
+        view, start = self._view, self._start
+        avail = self._end - start
+        if avail < HEADER.size:
+            return False
+        magic, version, _flags, meta_len, nbufs = HEADER.unpack_from(view, start)
+        lim = self._limits
+        if magic != MAGIC or version != VERSION or nbufs > lim.max_buffers:
+            return False
+        head = HEADER.size + 8 * nbufs
+        if avail < head + meta_len:
+            return False
+        lengths = _lengths(nbufs).unpack_from(view, start + HEADER.size) if nbufs else ()
+        body = meta_len + sum(lengths)
+        if head + body > avail or body > lim.max_frame_bytes or meta_len > lim.max_meta_bytes:
+            return False
+        p = start + head
+        meta = bytes(view[p : p + meta_len])
+        p += meta_len
+        buffers = []
+        for n in lengths:
+            buffers.append(memoryview(bytearray(view[p : p + n])))
+            p += n
+        self._frames.append(Frame(meta, buffers))
+        self._start = p
+        return True
+
+    def _process(self) -> None:
+        view = self._view
+        while True:
+            avail = self._end - self._start
+            state = self._state
+            if state == _HEADER:
+                if self._whole_frame():
+                    continue
+                if avail < HEADER.size:
+                    return
+                magic, version, _flags, meta_len, nbufs = HEADER.unpack_from(view, self._start)
+                self._start += HEADER.size
+                if magic != MAGIC:
+                    raise RemoteProtocolError(f"bad frame magic {bytes(magic)!r}: not gpuremote")
+                if version != VERSION:
+                    raise RemoteProtocolError(
+                        f"frame version {version}; this side speaks version {VERSION}"
+                    )
+                lim = self._limits
+                if meta_len > lim.max_meta_bytes:
+                    raise LimitExceeded(
+                        f"incoming frame metadata of {meta_len} bytes exceeds the limit "
+                        f"{lim.max_meta_bytes}"
+                    )
+                if nbufs > lim.max_buffers:
+                    raise LimitExceeded(
+                        f"incoming frame with {nbufs} buffers exceeds the limit {lim.max_buffers}"
+                    )
+                self._meta_len, self._nbufs = meta_len, nbufs
+                self._lengths = []
+                self._buffers = []
+                self._state = _LENGTHS
+            elif state == _LENGTHS:
+                need = 8 * self._nbufs
+                if avail < need:
+                    return
+                lengths = list(_lengths(self._nbufs).unpack_from(view, self._start))
+                self._start += need
+                total = self._meta_len + sum(lengths)
+                if total > self._limits.max_frame_bytes:
+                    raise LimitExceeded(
+                        f"incoming frame of {total} bytes exceeds the limit "
+                        f"{self._limits.max_frame_bytes}"
+                    )
+                self._lengths = lengths
+                self._begin_field(self._meta_len, meta=True)
+                self._state = _META
+            elif state in (_META, _BUFFER):
+                dest = self._dest
+                assert dest is not None
+                need = dest.nbytes - self._dest_pos
+                n = min(need, avail)
+                if n:
+                    dest[self._dest_pos : self._dest_pos + n] = view[self._start : self._start + n]
+                    self._dest_pos += n
+                    self._start += n
+                if self._dest_pos < dest.nbytes:
+                    return
+                self._field_done()
+            else:  # pragma: no cover - _ERROR is caught by _check_error
+                return
+
+    def _begin_field(self, nbytes: int, *, meta: bool) -> None:
+        if meta:
+            self._dest = memoryview(bytearray(nbytes))
+        else:
+            self._dest = self._allocate(nbytes) if nbytes else memoryview(b"")
+        self._dest_pos = 0
+
+    def _field_done(self) -> None:
+        """The current field (meta or a buffer) is complete: move on."""
+        assert self._dest is not None
+        if self._state == _META:
+            self._meta = bytes(self._dest)
+        else:
+            self._buffers.append(self._dest)
+        self._dest = None
+        index = len(self._buffers)
+        if index < self._nbufs:
+            self._begin_field(self._lengths[index], meta=False)
+            self._state = _BUFFER
+        else:
+            self._frames.append(Frame(self._meta, self._buffers))
+            self._meta, self._buffers = b"", []
+            self._state = _HEADER
+
+
+def frame_bytes(frame: Frame, limits: FrameLimits = FrameLimits()) -> bytes:
+    """The whole frame as one bytes object (for tests and small messages)."""
+    return b"".join(bytes(p) for p in encode_frame(frame, limits))
+
+
+def iter_frames(data: bytes, limits: FrameLimits = FrameLimits()) -> Sequence[Frame]:
+    """Decode every frame in ``data``; raises if it ends inside a frame."""
+    dec = FrameDecoder(limits)
+    dec.receive_data(data)
+    dec.eof()
+    out = []
+    while (f := dec.next_frame()) is not None:
+        out.append(f)
+    return out

@@ -1,0 +1,114 @@
+"""Start a proxy in a child process on a free loopback port (for the demo and the benches)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .errors import GpuRemoteError
+
+__all__ = ["LocalProxy", "peak_rss_bytes", "reset_peak_rss", "rss_bytes"]
+
+READY = "gpuremote proxy listening on "
+
+
+class LocalProxy:
+    """``with LocalProxy("tcp") as p: p.url``: a proxy process, stopped on exit."""
+
+    def __init__(
+        self, transport: str = "tcp", backend: str = "auto", extra_args: tuple[str, ...] = ()
+    ) -> None:
+        self.transport = transport
+        self.backend = backend
+        self.extra_args = extra_args
+        self.proc: subprocess.Popen[str] | None = None
+        self.url = ""
+        self.banner = ""
+
+    def start(self, timeout: float = 30.0) -> str:
+        listen = f"{self.transport}://127.0.0.1:0"
+        cmd = [
+            sys.executable,
+            "-m",
+            "gpuremote",
+            "serve",
+            "--listen",
+            listen,
+            "--backend",
+            self.backend,
+            "--announce",
+            *self.extra_args,
+        ]
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, text=True, stderr=subprocess.DEVNULL, env=os.environ.copy()
+        )
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith(READY):
+                self.url = line[len(READY) :].split()[0]
+                self.banner = line.strip()
+                return self.url
+        self.stop()
+        raise GpuRemoteError(f"the local proxy did not start ({' '.join(cmd)})")
+
+    def stop(self) -> int | None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+        return proc.returncode
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid if self.proc is not None else -1
+
+    def __enter__(self) -> LocalProxy:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _status_kb(pid: int | str, key: str) -> int:
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def peak_rss_bytes(pid: int | str = "self") -> int:
+    """Peak resident memory of a process (Linux ``VmHWM``); 0 where unknown."""
+    return _status_kb(pid, "VmHWM")
+
+
+def rss_bytes(pid: int | str = "self") -> int:
+    """Current resident memory of a process (Linux ``VmRSS``); 0 where unknown."""
+    return _status_kb(pid, "VmRSS")
+
+
+def reset_peak_rss(pid: int | str = "self") -> bool:
+    """Reset a process's peak-memory mark (Linux ``clear_refs``); False where not allowed."""
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True

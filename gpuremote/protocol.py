@@ -1,0 +1,440 @@
+"""Sans-I/O messages: batches of commands and their replies, to and from frames.
+
+A request frame carries a batch of commands; its metadata is msgpack of
+``[REQUEST, [array, ...], [[seq, opcode, stream, args, ack], ...]]``: arrays that the commands
+use are listed once per frame (``[handle, offset, shape, dtype]``) and referred to by index,
+and bulk data travels as the frame's out-of-band buffers, also referred to by index. A reply
+frame carries ``[REPLY, [[seq, status, value], ...]]``. A ``FATAL`` frame tells the peer that
+the connection is being closed because of what it sent. Nothing here touches a socket or the
+executor, and nothing is ever unpickled or evaluated: msgpack gives plain ints, floats,
+strings, lists and dicts, and every argument is checked against the call table before the
+proxy uses it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import msgpack
+import numpy as np
+
+from .calls import CALLS_BY_OPCODE, Arg, CallSpec
+from .errors import LimitExceeded, LocalProtocolError, RemoteProtocolError
+from .framing import Frame, FrameLimits
+
+__all__ = [
+    "DTYPES",
+    "FATAL",
+    "NOTICE",
+    "REPLY",
+    "REQUEST",
+    "STATUS_ERROR",
+    "STATUS_OK",
+    "ArrayDesc",
+    "BadCommand",
+    "Command",
+    "ErrorInfo",
+    "Reply",
+    "decode_message",
+    "decode_replies",
+    "decode_request",
+    "encode_fatal",
+    "encode_notice",
+    "encode_replies",
+    "encode_request",
+]
+
+REQUEST, REPLY, FATAL, NOTICE = 1, 2, 3, 4
+STATUS_OK, STATUS_ERROR = 0, 1
+
+MAX_HANDLE = (1 << 63) - 1
+MAX_SIZE = 1 << 62
+MAX_NAME = 128
+MAX_TEXT = 1 << 20
+MAX_LIST = 64
+MAX_PARAMS = 32
+
+#: dtypes that may cross the wire, by name
+DTYPES: dict[str, np.dtype[Any]] = {
+    name: np.dtype(name)
+    for name in (
+        "bool",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "float32",
+        "float64",
+        "complex64",
+        "complex128",
+    )
+}
+
+
+class ArrayDesc(NamedTuple):
+    """A C-contiguous array in a device buffer: ``offset`` bytes into buffer ``handle``."""
+
+    handle: int
+    offset: int
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    def encode(self) -> list[Any]:
+        return [self.handle, self.offset, list(self.shape), self.dtype.name]
+
+
+class Command(NamedTuple):
+    """One decoded, validated command of a batch."""
+
+    seq: int
+    spec: CallSpec
+    stream: int
+    args: tuple[Any, ...]
+    ack: bool  # reply even though the call is ASYNC
+
+
+class ErrorInfo(NamedTuple):
+    """What the proxy says about a failed call."""
+
+    seq: int
+    call: str
+    op: str | None
+    kind: str
+    message: str
+    deferred: bool
+    skipped: int
+
+
+class Reply(NamedTuple):
+    seq: int
+    ok: bool
+    value: Any  # result, or ErrorInfo when not ok
+
+
+class BadCommand(Exception):
+    """A command of a well-formed batch has a bad argument; it fails alone."""
+
+
+class DecodeContext(NamedTuple):
+    """What argument checks see of their frame."""
+
+    nbufs: int
+    limits: FrameLimits
+    arrays: list[ArrayDesc | BadCommand]  # the frame's array table, checked once
+
+
+# -- encoding ---------------------------------------------------------------------------------
+_pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+
+
+def encode_request(
+    commands: list[list[Any]], buffers: list[memoryview], arrays: list[list[Any]] | None = None
+) -> Frame:
+    """A request frame from already-built command lists ``[seq, opcode, stream, args, ack]``.
+
+    Array arguments are indexes into ``arrays``, the frame's table of array descriptors
+    ``[handle, offset, shape, dtype]``: each array is sent and checked once per frame."""
+    return Frame(_pack([REQUEST, arrays or [], commands]), buffers)
+
+
+def encode_replies(replies: list[Reply], buffers: list[memoryview]) -> Frame:
+    items = []
+    for r in replies:
+        if r.ok:
+            items.append([r.seq, STATUS_OK, r.value])
+        else:
+            e: ErrorInfo = r.value
+            items.append(
+                [
+                    r.seq,
+                    STATUS_ERROR,
+                    [e.seq, e.call, e.op, e.kind, e.message, e.deferred, e.skipped],
+                ]
+            )
+    return Frame(_pack([REPLY, items]), buffers)
+
+
+def encode_fatal(message: str) -> Frame:
+    return Frame(_pack([FATAL, message[:4096]]))
+
+
+def encode_notice(kind: str, detail: Any = None) -> Frame:
+    return Frame(_pack([NOTICE, kind, detail]))
+
+
+# -- decoding ---------------------------------------------------------------------------------
+def decode_message(frame: Frame) -> list[Any]:
+    """The frame's metadata as a list whose first item is the message type."""
+    try:
+        msg = msgpack.unpackb(frame.meta, raw=False, strict_map_key=True, use_list=True)
+    except Exception as exc:
+        raise RemoteProtocolError(f"frame metadata is not valid msgpack: {exc}") from None
+    if type(msg) is not list or not msg or type(msg[0]) is not int:
+        raise RemoteProtocolError("frame metadata is not a gpuremote message")
+    return msg
+
+
+def decode_request(
+    frame: Frame, limits: FrameLimits = FrameLimits()
+) -> list[Command | BadCommandAt]:
+    """Decode and check a request frame.
+
+    Returns one ``Command`` per valid command, and a ``BadCommandAt`` for each command whose
+    arguments are wrong (it fails alone). Raises ``RemoteProtocolError`` if the frame as a whole
+    is not a request batch, and ``LimitExceeded`` past the command limit.
+    """
+    msg = decode_message(frame)
+    if msg[0] != REQUEST or len(msg) != 3 or type(msg[1]) is not list or type(msg[2]) is not list:
+        raise RemoteProtocolError("expected a request batch [REQUEST, arrays, commands]")
+    table, items = msg[1], msg[2]
+    if len(items) > limits.max_commands or len(table) > limits.max_commands:
+        raise LimitExceeded(
+            f"{len(items)} commands and {len(table)} arrays in one frame; the "
+            f"limit is {limits.max_commands}"
+        )
+    arrays: list[ArrayDesc | BadCommand] = []
+    for i, a in enumerate(table):
+        try:
+            arrays.append(check_array(a, f"arrays[{i}]", limits))
+        except BadCommand as exc:
+            arrays.append(exc)
+    ctx = DecodeContext(len(frame.buffers), limits, arrays)
+    out: list[Command | BadCommandAt] = []
+    for item in items:
+        if type(item) is not list or len(item) != 5 or type(item[0]) is not int:
+            raise RemoteProtocolError("a command must be [seq, opcode, stream, args, ack]")
+        seq, opcode, stream, args, ack = item
+        entry = _SCHEMA.get(opcode) if type(opcode) is int else None
+        spec = entry[0] if entry is not None else None
+        try:
+            if entry is None or spec is None:
+                raise BadCommand(f"unknown opcode {opcode!r}")
+            if type(stream) is not int or not 0 <= stream <= MAX_HANDLE:
+                raise BadCommand(f"bad stream handle {stream!r}")
+            checks = entry[1]
+            if type(args) is not list or len(args) != len(checks):
+                raise BadCommand(f"{spec.name} takes {len(checks)} arguments")
+            checked = []
+            for (name, check), value in zip(checks, args):  # noqa: B905 - lengths checked
+                checked.append(check(value, name, ctx))
+            out.append(Command(seq, spec, stream, tuple(checked), ack is True))
+        except BadCommand as exc:
+            out.append(BadCommandAt(seq, spec.name if spec else f"opcode {opcode!r}", str(exc)))
+    return out
+
+
+class BadCommandAt(NamedTuple):
+    """A command that failed validation: its seq, call name and the reason."""
+
+    seq: int
+    call: str
+    message: str
+
+
+def decode_replies(frame: Frame, msg: list[Any] | None = None) -> list[Reply]:
+    """Decode a reply frame (client side); ``msg`` if its metadata is decoded already."""
+    if msg is None:
+        msg = decode_message(frame)
+    if msg[0] != REPLY or len(msg) != 2 or type(msg[1]) is not list:
+        raise RemoteProtocolError("expected a reply batch")
+    out = []
+    for item in msg[1]:
+        if type(item) is not list or len(item) != 3 or type(item[0]) is not int:
+            raise RemoteProtocolError("a reply must be [seq, status, value]")
+        seq, status, value = item
+        if status == STATUS_OK:
+            out.append(Reply(seq, True, value))
+        elif status == STATUS_ERROR and type(value) is list and len(value) == 7:
+            out.append(Reply(seq, False, ErrorInfo(*value)))
+        else:
+            raise RemoteProtocolError(f"malformed reply for seq {seq}")
+    return out
+
+
+# -- argument checks --------------------------------------------------------------------------
+def _int(v: Any, name: str, lo: int, hi: int) -> int:
+    if type(v) is not int or not lo <= v <= hi:
+        raise BadCommand(f"argument {name!r} must be an int in [{lo}, {hi}], got {v!r:.60}")
+    return v
+
+
+def _check_handle(v: Any, name: str, ctx: DecodeContext) -> int:
+    return _int(v, name, 0, MAX_HANDLE)
+
+
+def _check_size(v: Any, name: str, ctx: DecodeContext) -> int:
+    return _int(v, name, 0, MAX_SIZE)
+
+
+def _check_int(v: Any, name: str, ctx: DecodeContext) -> int:
+    return _int(v, name, -(1 << 63), MAX_HANDLE)
+
+
+def _check_number(v: Any, name: str, ctx: DecodeContext) -> float | int:
+    if type(v) not in (int, float):
+        raise BadCommand(f"argument {name!r} must be a number")
+    return v
+
+
+def _check_bool(v: Any, name: str, ctx: DecodeContext) -> bool:
+    if type(v) is not bool:
+        raise BadCommand(f"argument {name!r} must be a bool")
+    return v
+
+
+def _check_name(v: Any, name: str, ctx: DecodeContext) -> str:
+    if type(v) is not str or not 0 < len(v) <= MAX_NAME:
+        raise BadCommand(f"argument {name!r} must be a name of 1 to {MAX_NAME} characters")
+    return v
+
+
+def _check_text(v: Any, name: str, ctx: DecodeContext) -> str:
+    if type(v) is not str or len(v) > MAX_TEXT:
+        raise BadCommand(f"argument {name!r} must be a string of at most {MAX_TEXT} characters")
+    return v
+
+
+_DESC_CACHE: dict[tuple[Any, ...], ArrayDesc] = {}
+
+
+def check_array(v: Any, name: str, lim: FrameLimits) -> ArrayDesc:
+    """Check an array descriptor ``[handle, offset, shape, dtype]``."""
+    if type(v) is not list or len(v) != 4:
+        raise BadCommand(
+            f"argument {name!r} must be an array descriptor [handle, offset, shape, dtype]"
+        )
+    handle, offset, shape, dtype = v
+    if type(shape) is not list:
+        raise BadCommand(f"argument {name!r}: shape must be a list")
+    key = (handle, offset, *shape, dtype)
+    try:
+        hit = _DESC_CACHE.get(key)
+    except TypeError:  # unhashable garbage: the checks below reject it
+        hit = None
+    if hit is not None:
+        return hit
+    _int(handle, f"{name}.handle", 0, MAX_HANDLE)
+    _int(offset, f"{name}.offset", 0, MAX_SIZE)
+    if len(shape) > lim.max_ndim:
+        raise BadCommand(
+            f"argument {name!r} has {len(shape)} dimensions; the limit is {lim.max_ndim}"
+        )
+    size = 1
+    for d in shape:
+        _int(d, f"{name}.shape", 0, MAX_SIZE)
+        size *= d
+    dt = DTYPES.get(dtype) if type(dtype) is str else None
+    if dt is None:
+        raise BadCommand(f"argument {name!r}: unsupported dtype {dtype!r:.40}")
+    if size * dt.itemsize > MAX_SIZE:
+        raise BadCommand(f"argument {name!r} is too large")
+    desc = ArrayDesc(handle, offset, tuple(shape), dt)
+    if len(_DESC_CACHE) > 65536:
+        _DESC_CACHE.clear()
+    _DESC_CACHE[key] = desc
+    return desc
+
+
+def _check_array(v: Any, name: str, ctx: DecodeContext) -> ArrayDesc:
+    if type(v) is not int or not 0 <= v < len(ctx.arrays):
+        raise BadCommand(
+            f"argument {name!r} refers to array {v!r:.20}; the frame has {len(ctx.arrays)}"
+        )
+    desc = ctx.arrays[v]
+    if type(desc) is BadCommand:
+        raise desc
+    return desc  # type: ignore[return-value]
+
+
+def _check_arrays(v: Any, name: str, ctx: DecodeContext) -> tuple[ArrayDesc, ...]:
+    if type(v) is not list or len(v) > MAX_LIST:
+        raise BadCommand(f"argument {name!r} must be a list of at most {MAX_LIST} arrays")
+    return tuple([_check_array(a, name, ctx) for a in v])
+
+
+def _check_params(v: Any, name: str, ctx: DecodeContext) -> dict[str, Any]:
+    if type(v) is not dict or len(v) > MAX_PARAMS:
+        raise BadCommand(f"argument {name!r} must be a dict of at most {MAX_PARAMS} entries")
+    for key, val in v.items():
+        if type(key) is not str or len(key) > MAX_NAME:
+            raise BadCommand(f"argument {name!r}: keys must be short strings")
+        t = type(val)
+        if t in (int, float, bool, str) or val is None:
+            if t is str and len(val) > MAX_NAME:
+                raise BadCommand(f"argument {name!r}: {key!r} is too long")
+            continue
+        if t is list and len(val) <= ctx.limits.max_ndim and all(type(x) is int for x in val):
+            continue
+        raise BadCommand(f"argument {name!r}: value of {key!r} must be a scalar or a list of ints")
+    return v
+
+
+def _check_kernel_args(v: Any, name: str, ctx: DecodeContext) -> tuple[Any, ...]:
+    if type(v) is not list or len(v) > MAX_LIST:
+        raise BadCommand(f"argument {name!r} must be a list of at most {MAX_LIST} kernel arguments")
+    out: list[Any] = []
+    for a in v:
+        if type(a) is list and len(a) == 2 and a[0] == "a":
+            out.append(("a", _check_array(a[1], name, ctx)))
+        elif type(a) is list and len(a) == 3 and a[0] == "s":
+            dt = DTYPES.get(a[1]) if type(a[1]) is str else None
+            if dt is None or type(a[2]) not in (int, float, bool):
+                raise BadCommand(f"argument {name!r}: bad scalar {a!r:.60}")
+            out.append(("s", dt, a[2]))
+        else:
+            raise BadCommand(
+                f"argument {name!r}: each item must be ['a', array] or ['s', dtype, x]"
+            )
+    return tuple(out)
+
+
+def _check_dims(v: Any, name: str, ctx: DecodeContext) -> tuple[int, ...]:
+    if type(v) is not list or not 1 <= len(v) <= 3:
+        raise BadCommand(f"argument {name!r} must be a list of 1 to 3 ints")
+    return tuple(_int(x, name, 1, 1 << 31) for x in v)
+
+
+def _check_buffer(v: Any, name: str, ctx: DecodeContext) -> int:
+    if type(v) is not int or not 0 <= v < ctx.nbufs:
+        raise BadCommand(f"argument {name!r} refers to buffer {v!r:.20}; the frame has {ctx.nbufs}")
+    return v
+
+
+_CHECKS = {
+    Arg.HANDLE: _check_handle,
+    Arg.SIZE: _check_size,
+    Arg.INT: _check_int,
+    Arg.NUMBER: _check_number,
+    Arg.BOOL: _check_bool,
+    Arg.NAME: _check_name,
+    Arg.TEXT: _check_text,
+    Arg.ARRAY: _check_array,
+    Arg.ARRAYS: _check_arrays,
+    Arg.PARAMS: _check_params,
+    Arg.KERNEL_ARGS: _check_kernel_args,
+    Arg.DIMS: _check_dims,
+    Arg.BUFFER: _check_buffer,
+}
+
+
+#: opcode -> (call, ((argument name, check), ...)), resolved once
+_SCHEMA: dict[int, tuple[CallSpec, tuple[tuple[str, Any], ...]]] = {
+    op: (spec, tuple((name, _CHECKS[kind]) for name, kind in spec.args))
+    for op, spec in CALLS_BY_OPCODE.items()
+}
+
+
+def check_local(ok: bool, message: str) -> None:
+    """Raise ``LocalProtocolError`` unless ``ok`` (for client-side checks)."""
+    if not ok:
+        raise LocalProtocolError(message)

@@ -1,0 +1,386 @@
+"""The client's command pipeline: one per connection.
+
+ASYNC calls are appended to a queue and sent together as one frame: when a SYNC call needs the
+wire, when the batch reaches ``max_batch_calls`` or ``max_batch_bytes``, when control returns
+to the event loop (or ``flush_delay_us`` after the first queued call), or on ``flush()``.
+SYNC calls are matched to their replies by sequence number. A failed ASYNC call is reported by
+the proxy in the reply to the next SYNC call and raised there as ``RemoteCallError``.
+
+With ``async_calls`` off, every call makes its own round trip before the next is sent (the
+Python code is not blocked, but nothing overlaps on the wire); with ``batching`` off, every
+call is sent in a frame of its own at once. Results are the same either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .calls import CALLS_BY_NAME, Arg, CallClass, CallSpec
+from .config import PipelineConfig
+from .errors import ConnectionClosed, GpuRemoteError, RemoteCallError, RemoteProtocolError
+from .framing import Frame
+from .protocol import FATAL, NOTICE, REPLY, ErrorInfo, decode_message, decode_replies
+from .protocol import encode_request as _encode_request
+from .transports import Connection
+
+__all__ = ["BUFFER", "Counters", "Session"]
+
+#: placeholder for the out-of-band buffer argument of a call
+BUFFER = object()
+
+_FREE = CALLS_BY_NAME["free"]
+
+#: opcode -> positions and kinds of its array arguments (sent once per frame, by index)
+_ARRAY_ARGS: dict[int, tuple[tuple[int, Arg], ...]] = {
+    spec.opcode: tuple(
+        (i, kind)
+        for i, (_, kind) in enumerate(spec.args)
+        if kind in (Arg.ARRAY, Arg.ARRAYS, Arg.KERNEL_ARGS)
+    )
+    for spec in CALLS_BY_NAME.values()
+}
+
+
+@dataclass(slots=True)
+class Counters:
+    """What the session did: the inputs of the overhead model."""
+
+    calls: dict[str, int] = field(default_factory=lambda: {k.value: 0 for k in CallClass})
+    frames_sent: int = 0
+    frames_received: int = 0
+    round_trips: int = 0  # times the client waited for a reply
+    bytes_sent: int = 0
+    bytes_received: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["calls"] = dict(self.calls)
+        return d
+
+
+Result = tuple[Any, list[memoryview]]
+
+
+class Session:
+    """Queues, batches and sends calls over ``conn``; matches replies; tracks errors."""
+
+    def __init__(self, conn: Connection, config: PipelineConfig = PipelineConfig()) -> None:
+        self.conn = conn
+        self.config = config
+        self.counters = Counters()
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.get_ident()
+        self._seq = 0
+        self._handle = 0
+        self._queue: list[list[Any]] = []
+        self._qbufs: list[memoryview] = []
+        self._arrays: list[list[Any]] = []  # the next frame's array table
+        self._aindex: dict[int, int] = {}  # id(array descriptor) -> index in it
+        self._qbytes = 0
+        self._qstart = 0.0
+        self._flush_scheduled: asyncio.Handle | asyncio.TimerHandle | None = None
+        self._pending: dict[int, asyncio.Future[Result]] = {}
+        self._to_free: list[int] = []
+        self._serial: deque[tuple[Frame, asyncio.Future[Result]]] = deque()
+        self._serial_task: asyncio.Task[None] | None = None
+        self._error: BaseException | None = None
+        self._closing = False
+        self.notices: list[Any] = []
+        conn.set_receiver(self._on_frame, self._on_lost)
+
+    # -- handles ---------------------------------------------------------------------------
+    def new_handle(self) -> int:
+        """A fresh client-chosen handle (no round trip)."""
+        self._handle += 1
+        return self._handle
+
+    def count_local(self, n: int = 1) -> None:
+        self.counters.calls["local"] += n
+
+    @property
+    def closed(self) -> bool:
+        return self._closing or self._error is not None
+
+    def check_open(self) -> None:
+        if self._error is not None:
+            if isinstance(self._error, GpuRemoteError):
+                raise type(self._error)(str(self._error))
+            raise ConnectionClosed(str(self._error))
+        if self._closing:
+            raise ConnectionClosed("the session is closed")
+
+    # -- submitting ------------------------------------------------------------------------
+    def _command(
+        self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None, ack: bool
+    ) -> list[Any]:
+        self._seq += 1
+        seq = self._seq
+        if buffer is not None:
+            args = [len(self._qbufs) if a is BUFFER else a for a in args]
+            self._qbufs.append(buffer)
+            self._qbytes += buffer.nbytes
+        positions = _ARRAY_ARGS[spec.opcode]
+        if positions:
+            intern = self._intern
+            for i, kind in positions:
+                a = args[i]
+                if kind is Arg.ARRAY:
+                    args[i] = intern(a)
+                elif kind is Arg.ARRAYS:
+                    args[i] = [intern(w) for w in a]
+                else:
+                    args[i] = [["a", intern(k[1])] if k[0] == "a" else k for k in a]
+        return [seq, spec.opcode, stream, args, ack]
+
+    def _intern(self, wire: list[Any]) -> int:
+        """The index of array descriptor ``wire`` in the next frame's table."""
+        key = id(wire)
+        index = self._aindex.get(key)
+        if index is None:
+            index = self._aindex[key] = len(self._arrays)
+            self._arrays.append(wire)  # kept alive until sent, so its id stays unique
+        return index
+
+    def submit(
+        self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None = None
+    ) -> None:
+        """Queue an ASYNC call; returns at once."""
+        self.check_open()
+        self.counters.calls["async"] += 1
+        if self._to_free:
+            self._queue_frees()
+        if not self.config.async_calls:
+            cmd = self._command(spec, stream, args, buffer, ack=True)
+            self._queue.append(cmd)
+            self._send_serial()
+            return
+        if not self._queue:
+            self._qstart = time.perf_counter()
+        self._queue.append(self._command(spec, stream, args, buffer, ack=False))
+        cfg = self.config
+        if (
+            not cfg.batching
+            or len(self._queue) >= cfg.max_batch_calls
+            or self._qbytes >= cfg.max_batch_bytes
+            or (
+                cfg.flush_delay_us
+                and (time.perf_counter() - self._qstart) * 1e6 >= cfg.flush_delay_us
+            )
+        ):
+            self._flush_now()
+        elif self._flush_scheduled is None:
+            if cfg.flush_delay_us:
+                self._flush_scheduled = self._loop.call_later(
+                    cfg.flush_delay_us / 1e6, self._flush_callback
+                )
+            else:
+                self._flush_scheduled = self._loop.call_soon(self._flush_callback)
+
+    async def call(
+        self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None = None
+    ) -> Result:
+        """Send a SYNC call (after everything queued) and wait for its reply."""
+        self.check_open()
+        self.counters.calls["sync"] += 1
+        if self._to_free:
+            self._queue_frees()
+        cmd = self._command(spec, stream, args, buffer, ack=False)
+        fut: asyncio.Future[Result] = self._loop.create_future()
+        self._pending[cmd[0]] = fut
+        self._queue.append(cmd)
+        if self.config.async_calls:
+            self._flush_now()
+            self.counters.round_trips += 1
+        else:
+            self._send_serial()
+        return await fut
+
+    async def ack(
+        self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None = None
+    ) -> None:
+        """Send an ASYNC call now and wait until the proxy has run it (used to borrow a
+        caller's buffer without copying it); its error, if any, is deferred as usual."""
+        self.check_open()
+        self.counters.calls["async"] += 1
+        cmd = self._command(spec, stream, args, buffer, ack=True)
+        fut: asyncio.Future[Result] = self._loop.create_future()
+        self._pending[cmd[0]] = fut
+        self._queue.append(cmd)
+        if self.config.async_calls:
+            self._flush_now()
+            self.counters.round_trips += 1
+        else:
+            self._send_serial()
+        await fut
+
+    async def flush(self, wait: bool = False) -> None:
+        """Send everything queued; with ``wait``, also wait for it to run and raise any
+        deferred error (one round trip)."""
+        if wait:
+            await self.call(CALLS_BY_NAME["device_synchronize"], 0, [])
+            return
+        self.check_open()
+        if self._queue:
+            if self.config.async_calls:
+                self._flush_now()
+            else:
+                self._send_serial()
+        await self.conn.drain()
+
+    def release(self, handle: int) -> None:
+        """Free buffer ``handle`` later (safe from finalizers, in any thread)."""
+        if self.closed:
+            return
+        self._to_free.append(handle)
+        if threading.get_ident() == self._thread:
+            if self._flush_scheduled is None and self.config.async_calls:
+                self._flush_scheduled = self._loop.call_soon(self._flush_callback)
+        else:
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                self._loop.call_soon_threadsafe(self._flush_callback)
+
+    def _queue_frees(self) -> None:
+        frees, self._to_free = self._to_free, []
+        for h in frees:
+            self.counters.calls["async"] += 1
+            ack = not self.config.async_calls
+            self._queue.append(self._command(_FREE, 0, [h], None, ack=ack))
+            if ack:
+                self._send_serial()
+
+    # -- flushing --------------------------------------------------------------------------
+    def _flush_callback(self) -> None:
+        self._flush_scheduled = None
+        if self.closed:
+            return
+        if self._to_free:
+            self._queue_frees()
+        if self._queue and self.config.async_calls:
+            self._flush_now()
+
+    def _flush_now(self) -> None:
+        if self._flush_scheduled is not None:
+            self._flush_scheduled.cancel()
+            self._flush_scheduled = None
+        if not self._queue:
+            return
+        frame = _encode_request(self._queue, self._qbufs, self._arrays)
+        self._reset_batch()
+        self._send(frame)
+
+    def _reset_batch(self) -> None:
+        self._queue, self._qbufs, self._qbytes = [], [], 0
+        self._arrays, self._aindex = [], {}
+
+    def _send(self, frame: Frame) -> None:
+        try:
+            self.conn.send(frame)
+        except GpuRemoteError as exc:
+            self._fail_all(exc)
+            raise
+        self.counters.frames_sent += 1
+        self.counters.bytes_sent += frame.nbytes
+
+    # -- async_calls off: one round trip per call, strictly in order -------------------------
+    def _send_serial(self) -> None:
+        # called after each single call is queued: the queue holds one command, and the
+        # buffers (if any) are that command's
+        for cmd in self._queue:
+            fut = self._pending.get(cmd[0])
+            if fut is None:
+                fut = self._pending[cmd[0]] = self._loop.create_future()
+            bufs = self._qbufs if len(self._queue) == 1 else []
+            arrays = self._arrays if len(self._queue) == 1 else []
+            self._serial.append((_encode_request([cmd], bufs, arrays), fut))
+        self._reset_batch()
+        if self._serial_task is None or self._serial_task.done():
+            self._serial_task = self._loop.create_task(self._serial_sender())
+
+    async def _serial_sender(self) -> None:
+        while self._serial:
+            frame, fut = self._serial.popleft()
+            try:
+                self._send(frame)
+            except GpuRemoteError:
+                return
+            self.counters.round_trips += 1
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(fut)
+
+    # -- receiving -------------------------------------------------------------------------
+    def _on_lost(self, exc: BaseException) -> None:
+        if not isinstance(exc, GpuRemoteError):
+            exc = RemoteProtocolError(f"bad reply: {type(exc).__name__}: {exc}")
+        self._fail_all(exc)
+
+    def _on_frame(self, frame: Frame) -> None:
+        self.counters.frames_received += 1
+        self.counters.bytes_received += frame.nbytes
+        msg = decode_message(frame)
+        kind = msg[0]
+        if kind == REPLY:
+            for reply in decode_replies(frame, msg):
+                fut = self._pending.pop(reply.seq, None)
+                if fut is None or fut.done():
+                    continue
+                if reply.ok:
+                    fut.set_result((reply.value, frame.buffers))
+                else:
+                    fut.set_exception(self._error_from(reply.value))
+        elif kind == FATAL:
+            raise RemoteProtocolError(f"the proxy closed the connection: {msg[1]}")
+        elif kind == NOTICE:
+            self.notices.append(msg[1:])
+        else:
+            raise RemoteProtocolError(f"unexpected message type {kind}")
+
+    def _error_from(self, e: ErrorInfo) -> RemoteCallError:
+        return RemoteCallError(
+            e.message,
+            call=e.call,
+            op=e.op,
+            seq=e.seq,
+            kind=e.kind,
+            deferred=e.deferred,
+            skipped=e.skipped,
+        )
+
+    def _fail_all(self, exc: BaseException) -> None:
+        if self._error is None:
+            self._error = exc
+        pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(
+                    type(exc)(str(exc))
+                    if isinstance(exc, GpuRemoteError)
+                    else ConnectionClosed(str(exc))
+                )
+        self.conn.close()
+
+    # -- closing ---------------------------------------------------------------------------
+    async def aclose(self) -> None:
+        """Send what is queued, then close the connection."""
+        if self._closing:
+            return
+        if self._error is None:
+            with contextlib.suppress(GpuRemoteError):
+                if self._to_free:
+                    self._queue_frees()
+                if self._queue and self.config.async_calls:
+                    self._flush_now()
+                if self._serial_task is not None:
+                    await self._serial_task
+                await asyncio.wait_for(self.conn.drain(), 10)
+        self._closing = True
+        if self._flush_scheduled is not None:
+            self._flush_scheduled.cancel()
+        self.conn.close()
+        if self._pending:
+            self._fail_all(ConnectionClosed("the session was closed"))

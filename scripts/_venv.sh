@@ -1,0 +1,17 @@
+# Shared by scripts/demo.sh and scripts/test.sh: make .venv (once) and install gpuremote into it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    if ! "$PYTHON" -m venv .venv; then
+        echo "could not create a virtual environment with $PYTHON;" \
+             "on Debian/Ubuntu: apt-get install python3-venv" >&2
+        exit 1
+    fi
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+if [ -n "${EXTRAS:-}" ]; then
+    .venv/bin/python -m pip install --quiet -e ".[$EXTRAS]"
+else
+    .venv/bin/python -m pip install --quiet -e .
+fi

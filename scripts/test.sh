@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Install gpuremote with its test tools into .venv, then lint, type-check and run the tests.
+set -euo pipefail
+EXTRAS="test" source "$(dirname "$0")/_venv.sh"
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/mypy gpuremote transports bench
+.venv/bin/python -m pytest "$@"

@@ -1,0 +1,162 @@
+"""The ``gpuremote`` command as a user runs it: behaviour and JSON schemas on tiny runs (speed
+is measured by the benches themselves, never asserted here)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuremote.localproxy import LocalProxy
+
+STATS = {"min", "p50", "p90", "p99", "p999", "max", "mean"}
+
+
+def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "GPUREMOTE_URL"}
+    return subprocess.run(
+        [sys.executable, "-m", "gpuremote", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def run_json(*args: str) -> Any:
+    proc = run(*args, "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)  # stdout holds the JSON object and nothing else
+
+
+def test_bench_ping_json_schema(tmp_path: Path) -> None:
+    samples = tmp_path / "ping.csv"
+    out = run_json(
+        "bench",
+        "ping",
+        "--count",
+        "60",
+        "--warmup",
+        "5",
+        "--backend",
+        "numpy",
+        "--csv",
+        str(samples),
+    )
+    assert out["bench"] == "ping" and out["transport"] == "tcp" and out["size"] == 8
+    assert out["count"] == 60
+    assert set(out["rtt_us"]) >= STATS and set(out["baseline_rtt_us"]) >= STATS
+    assert out["rtt_us"]["min"] <= out["rtt_us"]["p50"] <= out["rtt_us"]["max"]
+    assert isinstance(out["ratio_p50"], float) and out["ratio_p50"] > 0
+    assert set(out["baselines"]) == {"blocking", "asyncio"}
+    rows = list(csv.DictReader(samples.open()))
+    assert {r["path"] for r in rows} == {"gpuremote", "blocking", "asyncio"}
+    assert len(rows) == 180 and all(int(r["ns"]) > 0 for r in rows)
+
+
+def test_bench_ping_inproc_and_size() -> None:
+    out = run_json(
+        "bench",
+        "ping",
+        "--transport",
+        "inproc",
+        "--count",
+        "30",
+        "--warmup",
+        "2",
+        "--size",
+        "1000",
+        "--no-baseline",
+    )
+    assert out["transport"] == "inproc" and out["size"] == 1000 and out["baseline_rtt_us"] is None
+
+
+def test_bench_throughput_json_schema() -> None:
+    out = run_json(
+        "bench",
+        "throughput",
+        "--sizes",
+        "4k,64k",
+        "--min-reps",
+        "2",
+        "--max-reps",
+        "3",
+        "--backend",
+        "numpy",
+    )
+    assert out["bench"] == "throughput" and out["transport"] == "tcp"
+    rows = out["results"]
+    assert [(r["size"], r["direction"]) for r in rows] == [
+        (4096, "h2d"),
+        (4096, "d2h"),
+        (65536, "h2d"),
+        (65536, "d2h"),
+    ]
+    for r in rows:
+        assert r["gbps"] > 0 and r["baseline_gbps"] > 0 and r["ratio"] > 0
+        assert r["gbit_s"] == pytest.approx(8 * r["gbps"])
+    assert set(out["peak_rss_mb"]) >= {"client", "proxy"}
+    assert out["peak_rss_mb"]["client"] > 0 and out["peak_rss_mb"]["proxy"] > 0
+
+
+def test_bench_api_json_schema() -> None:
+    out = run_json("bench", "api", "--calls", "300", "--rounds", "1", "--transport", "inproc")
+    assert out["bench"] == "api" and out["transport"] == "inproc" and out["calls"] == 300
+    assert out["sync_calls_per_s"] > 0 and out["pipelined_calls_per_s"] > 0
+    assert out["ratio"] == pytest.approx(out["pipelined_calls_per_s"] / out["sync_calls_per_s"])
+    trips = out["round_trips_per_call"]
+    assert trips["sync"] >= 1.0 and trips["pipelined"] == pytest.approx(1 / 300)
+
+
+def test_bench_against_a_running_proxy_by_url() -> None:
+    with LocalProxy("tcp", "numpy") as proxy:  # no --bench-echo: no baselines, and says so
+        out = run_json("bench", "ping", "--url", proxy.url, "--count", "20", "--warmup", "2")
+    assert out["url"] == proxy.url and out["ratio_p50"] is None
+    assert "bench-echo" in out["baseline_note"]
+
+
+def test_bench_human_output_when_not_a_terminal() -> None:
+    proc = run("bench", "ping", "--count", "40", "--warmup", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert "p50" in proc.stdout and "gpuremote" in proc.stdout
+    assert "\x1b[" not in proc.stdout  # no animation codes into a pipe
+
+
+def test_demo_runs_and_checks_its_result() -> None:
+    proc = run("demo", "--steps", "3", "--batch", "32", "--hidden", "16", "--backend", "numpy")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "result: OK, remote equals local" in proc.stdout
+    assert "time: remote" in proc.stdout
+
+
+def test_serve_announces_and_stops_cleanly_on_sigterm() -> None:
+    proxy = LocalProxy("tcp", "numpy")
+    url = proxy.start()
+    assert url.startswith("tcp://127.0.0.1:")
+    assert proxy.proc is not None
+    proc = proxy.proc
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 0
+    proxy.stop()
+
+
+def test_serve_reports_a_bad_backend() -> None:
+    proc = run("serve", "--backend", "cupy", "--listen", "tcp://127.0.0.1:0")
+    if proc.returncode == 0:  # pragma: no cover - a machine with a GPU
+        pytest.skip("cupy is usable here")
+    assert proc.returncode == 2 and "cupy backend is not available" in proc.stderr
+
+
+def test_info_and_connection_errors() -> None:
+    with LocalProxy("tcp", "numpy") as proxy:
+        proc = run("info", "--url", proxy.url)
+        assert proc.returncode == 0 and json.loads(proc.stdout)["backend"] == "numpy"
+    proc = run("info", "--url", "tcp://127.0.0.1:1")
+    assert proc.returncode == 1 and "cannot connect" in proc.stderr

@@ -1,0 +1,230 @@
+"""Commands and replies to and from frames: every call of the table, and hostile values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuremote.calls import CALLS, CALLS_BY_NAME, Arg, CallClass
+from gpuremote.errors import LimitExceeded, RemoteProtocolError
+from gpuremote.framing import Frame, FrameLimits, frame_bytes, iter_frames
+from gpuremote.protocol import (
+    DTYPES,
+    REQUEST,
+    ArrayDesc,
+    BadCommandAt,
+    Command,
+    ErrorInfo,
+    Reply,
+    decode_replies,
+    decode_request,
+    encode_fatal,
+    encode_replies,
+    encode_request,
+)
+
+WIRE = [c for c in CALLS if c.klass is not CallClass.LOCAL]
+
+handles = st.integers(0, (1 << 63) - 1)
+descs = st.builds(
+    lambda h, o, shape, dt: [h, o, shape, dt],
+    handles,
+    st.integers(0, 1 << 40),
+    st.lists(st.integers(0, 64), max_size=4),
+    st.sampled_from(sorted(DTYPES)),
+)
+scalars = st.one_of(
+    st.integers(-(2**62), 2**62),
+    st.floats(allow_nan=False),
+    st.booleans(),
+    st.none(),
+    st.text(max_size=10),
+)
+
+
+def _value(kind: Arg, draw: Any, arrays: list[list[Any]]) -> Any:
+    def intern(d: list[Any]) -> int:
+        arrays.append(d)
+        return len(arrays) - 1
+
+    if kind in (Arg.HANDLE, Arg.SIZE):
+        return draw(st.integers(0, 1 << 62))
+    if kind is Arg.INT:
+        return draw(st.integers(-(2**62), 2**62))
+    if kind is Arg.NUMBER:
+        return draw(st.one_of(st.integers(-100, 100), st.floats(allow_nan=False)))
+    if kind is Arg.BOOL:
+        return draw(st.booleans())
+    if kind is Arg.NAME:
+        return draw(st.text(min_size=1, max_size=20))
+    if kind is Arg.TEXT:
+        return draw(st.text(max_size=200))
+    if kind is Arg.ARRAY:
+        return intern(draw(descs))
+    if kind is Arg.ARRAYS:
+        return [intern(d) for d in draw(st.lists(descs, max_size=3))]
+    if kind is Arg.PARAMS:
+        return draw(st.dictionaries(st.text(max_size=8), scalars, max_size=4))
+    if kind is Arg.KERNEL_ARGS:
+        n = draw(st.integers(0, 3))
+        return [["a", intern(draw(descs))] if i % 2 else ["s", "float32", 1.5] for i in range(n)]
+    if kind is Arg.DIMS:
+        return draw(st.lists(st.integers(1, 1024), min_size=1, max_size=3))
+    if kind is Arg.BUFFER:
+        return 0
+    raise AssertionError(kind)
+
+
+@st.composite
+def commands(draw: Any) -> tuple[list[list[Any]], list[list[Any]], list[memoryview]]:
+    arrays: list[list[Any]] = []
+    cmds = []
+    for seq, spec in enumerate(draw(st.lists(st.sampled_from(WIRE), min_size=1, max_size=8))):
+        args = [_value(kind, draw, arrays) for _, kind in spec.args]
+        cmds.append([seq, spec.opcode, draw(st.integers(0, 5)), args, draw(st.booleans())])
+    return cmds, arrays, [memoryview(b"payload")]
+
+
+@given(commands())
+@settings(max_examples=300, deadline=None)
+def test_every_command_kind_round_trips(batch: Any) -> None:
+    cmds, arrays, bufs = batch
+    frame = iter_frames(frame_bytes(encode_request(cmds, bufs, arrays)))[0]
+    decoded = decode_request(frame)
+    assert len(decoded) == len(cmds)
+    for raw, cmd in zip(cmds, decoded, strict=True):
+        assert isinstance(cmd, Command), cmd
+        assert cmd.seq == raw[0] and cmd.spec.opcode == raw[1] and cmd.stream == raw[2]
+        assert cmd.ack is raw[4]
+        for (_, kind), sent, got in zip(cmd.spec.args, raw[3], cmd.args, strict=True):
+            if kind is Arg.ARRAY:
+                assert got.encode() == arrays[sent]
+            elif kind is Arg.ARRAYS:
+                assert [d.encode() for d in got] == [arrays[i] for i in sent]
+            elif kind is Arg.KERNEL_ARGS:
+                assert len(got) == len(sent)
+            elif kind is Arg.DIMS:
+                assert list(got) == sent
+            else:
+                assert got == sent
+
+
+def test_the_call_table_covers_every_class_and_has_unique_opcodes() -> None:
+    opcodes = [c.opcode for c in WIRE]
+    assert len(opcodes) == len(set(opcodes))
+    assert {c.klass for c in CALLS} == set(CallClass)
+    assert CALLS_BY_NAME["copy_d2h"].klass is CallClass.SYNC
+    assert CALLS_BY_NAME["launch"].klass is CallClass.ASYNC
+    assert CALLS_BY_NAME["device_info"].klass is CallClass.LOCAL
+
+
+def _frame(msg: Any, bufs: int = 0) -> Frame:
+    return Frame(msgpack.packb(msg), [memoryview(b"x")] * bufs)
+
+
+@pytest.mark.parametrize(
+    "arg",
+    [
+        -1,  # negative handle
+        1 << 63,  # huge
+        "7",  # wrong type
+        1.5,
+    ],
+)
+def test_bad_scalar_arguments_fail_that_command_alone(arg: Any) -> None:
+    alloc = CALLS_BY_NAME["alloc"].opcode
+    frame = _frame([REQUEST, [], [[1, alloc, 0, [arg, 8], False], [2, alloc, 0, [5, 8], False]]])
+    bad, good = decode_request(frame)
+    assert isinstance(bad, BadCommandAt) and bad.seq == 1 and bad.call == "alloc"
+    assert isinstance(good, Command) and good.args == (5, 8)
+
+
+@pytest.mark.parametrize(
+    ("desc", "match"),
+    [
+        ([1, 0, [2] * 40, "float32"], "dimensions"),
+        ([1, 0, [2, -3], "float32"], "shape"),
+        ([1, 0, [2], "object"], "dtype"),
+        ([1, 0, [2], "|O"], "dtype"),
+        ([1, -5, [2], "float32"], "offset"),
+        ([1, 0, [1 << 40, 1 << 40], "float64"], "too large"),
+        ([1, 0, "shape", "float32"], "shape"),
+        ("not a list", "descriptor"),
+    ],
+)
+def test_hostile_array_descriptors_are_refused(desc: Any, match: str) -> None:
+    launch = CALLS_BY_NAME["launch"].opcode
+    frame = _frame([REQUEST, [desc], [[1, launch, 0, ["add", [0], [0], {}], False]]])
+    (bad,) = decode_request(frame)
+    assert isinstance(bad, BadCommandAt) and match in bad.message
+
+
+def test_out_of_range_array_and_buffer_indexes() -> None:
+    launch = CALLS_BY_NAME["launch"].opcode
+    h2d = CALLS_BY_NAME["copy_h2d"].opcode
+    frame = _frame(
+        [
+            REQUEST,
+            [[1, 0, [2], "float32"]],
+            [
+                [1, launch, 0, ["add", [3], [0], {}], False],
+                [2, h2d, 0, [0, 1], False],
+            ],
+        ],
+        bufs=1,
+    )
+    a, b = decode_request(frame)
+    assert isinstance(a, BadCommandAt) and "array 3" in a.message
+    assert isinstance(b, BadCommandAt) and "buffer 1" in b.message
+
+
+def test_unknown_opcode_fails_alone() -> None:
+    (bad,) = decode_request(_frame([REQUEST, [], [[9, 999, 0, [], False]]]))
+    assert isinstance(bad, BadCommandAt) and "unknown opcode" in bad.message
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        b"\xc1",
+        msgpack.packb("hello"),
+        msgpack.packb([REQUEST, "x", []]),
+        msgpack.packb([REQUEST, [], [["seq", 1, 0, [], False]]]),
+        msgpack.packb([]),
+    ],
+)
+def test_malformed_batches_are_protocol_errors(meta: bytes) -> None:
+    with pytest.raises(RemoteProtocolError):
+        decode_request(Frame(meta))
+
+
+def test_command_count_limit() -> None:
+    alloc = CALLS_BY_NAME["free"].opcode
+    frame = _frame([REQUEST, [], [[i, alloc, 0, [i], False] for i in range(11)]])
+    with pytest.raises(LimitExceeded):
+        decode_request(frame, FrameLimits(max_commands=10))
+
+
+def test_replies_round_trip() -> None:
+    err = ErrorInfo(3, "launch", "matmul", "OpError", "not aligned", True, 2)
+    frame = encode_replies(
+        [Reply(1, True, {"a": 1}), Reply(2, True, 0), Reply(4, False, err)], [memoryview(b"data")]
+    )
+    got = decode_replies(iter_frames(frame_bytes(frame))[0])
+    assert got[0] == Reply(1, True, {"a": 1})
+    assert got[2].value == err
+
+
+def test_fatal_message_is_not_a_reply() -> None:
+    with pytest.raises(RemoteProtocolError):
+        decode_replies(encode_fatal("go away"))
+
+
+def test_array_desc_nbytes() -> None:
+    d = ArrayDesc(1, 0, (3, 4), np.dtype("float64"))
+    assert d.nbytes == 96

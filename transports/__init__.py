@@ -1,0 +1,65 @@
+"""Pluggable transports, chosen by URL scheme from a registry.
+
+``tcp://host:port`` (asyncio, uvloop when installed) and ``inproc://name`` (same process, no
+sockets). Modules are imported only when their scheme is used, so that a transport whose
+optional library is missing fails with a clear message naming the extra that installs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from gpuremote.errors import TransportUnavailable
+from gpuremote.framing import FrameLimits
+
+from .base import Address, Connection, ConnectionHandler, Listener, Transport
+
+__all__ = [
+    "REGISTRY",
+    "Address",
+    "Connection",
+    "ConnectionHandler",
+    "Listener",
+    "Transport",
+    "connect",
+    "get_transport",
+    "listen",
+]
+
+#: scheme -> (module, class, the extra that installs what it needs)
+REGISTRY: dict[str, tuple[str, str, str | None]] = {
+    "tcp": ("gpuremote.transports.tcp", "TcpTransport", None),
+    "inproc": ("gpuremote.transports.inproc", "InprocTransport", None),
+}
+
+
+def get_transport(scheme: str, limits: FrameLimits = FrameLimits()) -> Transport:
+    """The transport for ``scheme``; raises ``TransportUnavailable`` if unknown or not installed."""
+    entry = REGISTRY.get(scheme)
+    if entry is None:
+        known = ", ".join(f"{s}://" for s in sorted(REGISTRY))
+        raise TransportUnavailable(f"unknown transport {scheme!r}; known: {known}")
+    module, cls, extra = entry
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        hint = f" (pip install 'gpuremote[{extra}]')" if extra else ""
+        raise TransportUnavailable(
+            f"the {scheme}:// transport needs a library that is not installed: {exc}{hint}"
+        ) from exc
+    transport: Transport = getattr(mod, cls)(limits)
+    return transport
+
+
+async def connect(url: str, limits: FrameLimits = FrameLimits()) -> Connection:
+    """Open a connection to ``url``."""
+    address = Address.parse(url)
+    return await get_transport(address.scheme, limits).connect(address)
+
+
+async def listen(
+    url: str, handler: ConnectionHandler, limits: FrameLimits = FrameLimits()
+) -> Listener:
+    """Listen at ``url``, running ``handler(conn)`` for each connection."""
+    address = Address.parse(url)
+    return await get_transport(address.scheme, limits).listen(address, handler)

@@ -1,0 +1,134 @@
+"""The one small interface that every transport implements.
+
+A transport moves *frames* (``gpuremote.framing.Frame``: metadata bytes plus out-of-band
+buffers) between a client and a proxy. ``send`` never blocks and never copies a payload: it
+keeps references to the frame's buffers until they are handed to the network, so the caller
+must not change them until ``drain()`` returns. Received buffers belong to the receiver.
+Errors of the underlying library are mapped to ``gpuremote.errors`` at this edge.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from urllib.parse import parse_qsl, urlsplit
+
+from gpuremote.errors import ConfigError, ConnectionClosed
+from gpuremote.framing import Frame, FrameLimits
+
+__all__ = ["Address", "Connection", "ConnectionHandler", "Listener", "Transport"]
+
+
+@dataclass(frozen=True)
+class Address:
+    """A parsed transport URL: ``scheme://host:port?opt=value`` (``inproc://name``)."""
+
+    scheme: str
+    host: str
+    port: int | None
+    options: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, url: str) -> Address:
+        parts = urlsplit(url)
+        if not parts.scheme or "://" not in url:
+            raise ConfigError(f"not a transport URL: {url!r} (expected scheme://host:port)")
+        try:
+            port = parts.port
+        except ValueError:
+            raise ConfigError(f"bad port in {url!r}") from None
+        host = parts.hostname or parts.netloc
+        return cls(parts.scheme, host, port, dict(parse_qsl(parts.query)))
+
+    def url(self) -> str:
+        """The URL back (options dropped)."""
+        hostpart = f"[{self.host}]" if ":" in self.host else self.host
+        port = f":{self.port}" if self.port is not None else ""
+        return f"{self.scheme}://{hostpart}{port}"
+
+
+class Connection(abc.ABC):
+    """One end of an established connection."""
+
+    peer: str = "?"
+
+    @abc.abstractmethod
+    def send(self, frame: Frame) -> None:
+        """Queue ``frame`` for sending; returns at once. Raises ``ConnectionClosed`` if closed."""
+
+    @abc.abstractmethod
+    async def drain(self) -> None:
+        """Wait until every queued frame has been handed to the network."""
+
+    @abc.abstractmethod
+    async def recv(self) -> Frame:
+        """The next frame; raises ``ConnectionClosed`` when the peer is gone."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Close now; pending ``recv`` calls fail with ``ConnectionClosed``."""
+
+    @property
+    @abc.abstractmethod
+    def closed(self) -> bool: ...
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes queued by ``send`` and not yet handed to the network."""
+        return 0
+
+    def set_receiver(
+        self, on_frame: Callable[[Frame], None], on_lost: Callable[[BaseException], None]
+    ) -> None:
+        """Push mode, instead of ``recv()``: call ``on_frame(frame)`` for each frame as it
+        arrives, and ``on_lost(exc)`` once when the connection ends. An exception raised by
+        ``on_frame`` closes the connection. Transports override this to skip the task hop."""
+
+        async def pump() -> None:
+            try:
+                while True:
+                    on_frame(await self.recv())
+            except asyncio.CancelledError:
+                on_lost(ConnectionClosed("connection closed"))
+                raise
+            except BaseException as exc:
+                self.close()
+                on_lost(exc)
+
+        self._pump = asyncio.get_running_loop().create_task(pump())
+
+    def pause_reading(self) -> None:  # noqa: B027 - optional
+        """Stop taking frames from the network until ``resume_reading()`` (backpressure)."""
+
+    def resume_reading(self) -> None:  # noqa: B027 - optional
+        """Undo ``pause_reading()``."""
+
+
+ConnectionHandler = Callable[[Connection], Awaitable[None]]
+
+
+class Listener(abc.ABC):
+    """A listening endpoint; ``url`` is the address clients connect to."""
+
+    url: str
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+
+class Transport(abc.ABC):
+    """Connects and listens for one URL scheme."""
+
+    scheme: str
+
+    def __init__(self, limits: FrameLimits = FrameLimits()) -> None:
+        self.limits = limits
+
+    @abc.abstractmethod
+    async def connect(self, address: Address) -> Connection: ...
+
+    @abc.abstractmethod
+    async def listen(self, address: Address, handler: ConnectionHandler) -> Listener:
+        """Accept connections at ``address``; run ``handler(conn)`` as a task for each."""

@@ -1,0 +1,167 @@
+"""``inproc://name``: client and proxy in one process and event loop, no sockets.
+
+Frames are handed over directly; each buffer is copied once on the way (the in-process
+"wire"), so neither side ever sees the other's memory change under it. Used by the tests and
+to measure what gpuremote's own layers cost without a network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from gpuremote.errors import ConnectionClosed
+from gpuremote.framing import Frame, as_bytes_view, byte_view, encode_frame
+
+from .base import Address, Connection, ConnectionHandler, Listener, Transport
+
+__all__ = ["InprocConnection", "InprocListener", "InprocTransport"]
+
+_LISTENERS: dict[str, InprocListener] = {}
+
+
+class InprocConnection(Connection):
+    def __init__(self, peer_name: str) -> None:
+        self.peer = peer_name
+        self._peer: InprocConnection | None = None
+        self._frames: deque[Frame] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._closed = False
+        self.limits: Any = None
+        self._receiver: Callable[[Frame], None] | None = None
+        self._on_lost: Callable[[BaseException], None] | None = None
+
+    @staticmethod
+    def pair(name: str) -> tuple[InprocConnection, InprocConnection]:
+        a, b = (
+            InprocConnection(f"inproc://{name}#proxy"),
+            InprocConnection(f"inproc://{name}#client"),
+        )
+        a._peer, b._peer = b, a
+        return a, b
+
+    def send(self, frame: Frame) -> None:
+        if self._closed or self._peer is None or self._peer._closed:
+            raise ConnectionClosed(f"{self.peer}: connection is closed")
+        if self.limits is not None:
+            encode_frame(frame, self.limits)  # the same limit checks as on a byte stream
+        copied = Frame(
+            frame.meta,
+            [
+                byte_view(np.frombuffer(b, dtype=np.uint8).copy())
+                for b in (as_bytes_view(x) for x in frame.buffers)
+            ],
+        )
+        self._peer._deliver(copied)
+
+    def set_receiver(
+        self, on_frame: Callable[[Frame], None], on_lost: Callable[[BaseException], None]
+    ) -> None:
+        self._receiver, self._on_lost = on_frame, on_lost
+        while self._frames:
+            on_frame(self._frames.popleft())
+        if self._closed:
+            self._lost()
+
+    def _receive(self, frame: Frame) -> None:
+        if self._receiver is None:
+            return
+        try:
+            self._receiver(frame)
+        except Exception as exc:
+            self.close()
+            self._lost(exc)
+
+    def _lost(self, exc: BaseException | None = None) -> None:
+        on_lost, self._on_lost = self._on_lost, None
+        if on_lost is not None:
+            on_lost(exc or ConnectionClosed(f"{self.peer}: connection closed"))
+
+    def _deliver(self, frame: Frame) -> None:
+        if self._receiver is not None:  # a hop through the loop, as over a wire: no reentrancy
+            asyncio.get_running_loop().call_soon(self._receive, frame)
+            return
+        self._frames.append(frame)
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def drain(self) -> None:
+        if self._closed:
+            raise ConnectionClosed(f"{self.peer}: connection is closed")
+
+    async def recv(self) -> Frame:
+        while True:
+            if self._frames:
+                return self._frames.popleft()
+            if self._closed:
+                raise ConnectionClosed(f"{self.peer}: connection closed")
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for end in (self, self._peer):
+            if end is not None:
+                end._closed = True
+                w = end._waiter
+                if w is not None and not w.done():
+                    w.set_result(None)
+                if end._on_lost is not None:
+                    asyncio.get_running_loop().call_soon(end._lost)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+
+class InprocListener(Listener):
+    def __init__(self, name: str, handler: ConnectionHandler, transport: InprocTransport) -> None:
+        self.name = name
+        self.url = f"inproc://{name}"
+        self._handler = handler
+        self._transport = transport
+        self.handlers: set[asyncio.Task[Any]] = set()
+
+    def accept(self, conn: InprocConnection) -> None:
+        task: asyncio.Task[Any] = asyncio.ensure_future(self._handler(conn))
+        self.handlers.add(task)
+        task.add_done_callback(self.handlers.discard)
+
+    async def close(self) -> None:
+        if _LISTENERS.get(self.name) is self:
+            del _LISTENERS[self.name]
+
+
+class InprocTransport(Transport):
+    scheme = "inproc"
+
+    async def connect(self, address: Address) -> Connection:
+        name = address.host
+        listener = _LISTENERS.get(name)
+        if listener is None:
+            raise ConnectionClosed(f"no in-process proxy listens at inproc://{name}")
+        server_end, client_end = InprocConnection.pair(name)
+        server_end.limits = listener._transport.limits
+        client_end.limits = self.limits
+        listener.accept(server_end)
+        return client_end
+
+    async def listen(self, address: Address, handler: ConnectionHandler) -> Listener:
+        name = address.host
+        if not name:
+            raise ConnectionClosed("an inproc:// URL needs a name, e.g. inproc://proxy")
+        if name in _LISTENERS:
+            raise ConnectionClosed(f"inproc://{name} is already in use")
+        listener = InprocListener(name, handler, self)
+        _LISTENERS[name] = listener
+        return listener
