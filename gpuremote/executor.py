@@ -8,6 +8,7 @@ the answer to the session's next SYNC command, after which the session goes on n
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -99,8 +100,11 @@ class Executor:
             self.bytes_in += sum(b.nbytes for b in buffers)
         last = len(commands) - 1
         ctx = _Ctx(buffers, out_bufs, set(), False, None, 0)
-        with self.backend.batch():
+        try:
             self._run(commands, ctx, last, replies)
+        finally:
+            if ctx.batch is not None:
+                ctx.batch.__exit__(None, None, None)
         if out_bufs:
             self.bytes_out += sum(b.nbytes for b in out_bufs)
         return replies, out_bufs
@@ -363,6 +367,9 @@ class Executor:
                     self._plans.clear()
                 self._plans[key] = plan
         op, ins, outs = plan
+        if ctx.batch is None:  # entered once per batch, and only for batches that compute
+            ctx.batch = self.backend.batch()
+            ctx.batch.__enter__()
         self.backend.run_op(op, ins, outs, params, ctx.stream)
 
     def _plan(
@@ -405,6 +412,9 @@ class Executor:
         if kernel is None:
             raise CallFailed(f"unknown kernel handle {handle:#x}")
         values = [self._resolve(a[1]) if a[0] == "a" else a[1].type(a[2]) for a in args]
+        if ctx.batch is None:
+            ctx.batch = self.backend.batch()
+            ctx.batch.__enter__()
         self.backend.launch_kernel(kernel, values, grid, block, ctx.stream)
 
     def _cmd_stream_create(self, ctx: _Ctx, handle: int) -> None:
@@ -453,7 +463,15 @@ class Executor:
 class _Ctx:
     """What one command sees of its batch."""
 
-    __slots__ = ("buffers", "is_last", "out_bufs", "stream", "stream_handle", "used_buffers")
+    __slots__ = (
+        "batch",
+        "buffers",
+        "is_last",
+        "out_bufs",
+        "stream",
+        "stream_handle",
+        "used_buffers",
+    )
 
     def __init__(
         self,
@@ -470,6 +488,7 @@ class _Ctx:
         self.is_last = is_last
         self.stream = stream
         self.stream_handle = stream_handle
+        self.batch: contextlib.AbstractContextManager[Any] | None = None
 
     def reply_buffer(self, data: memoryview) -> int:
         """Attach ``data`` to the reply; copied if later commands of the batch could change it."""

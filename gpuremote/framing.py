@@ -189,6 +189,16 @@ class FrameDecoder:
                 self._field_done()
         else:
             self._end += nbytes
+            if self._state == _HEADER:
+                try:
+                    while self._whole_frame():  # the common case: whole small frames
+                        pass
+                except Exception as exc:
+                    self._state = _ERROR
+                    self._error = exc
+                    raise
+                if self._start == self._end:
+                    return
         try:
             self._process()
         except Exception as exc:
