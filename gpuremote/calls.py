@@ -72,6 +72,7 @@ CALLS: tuple[CallSpec, ...] = (
     CallSpec("hello", 1, _S, (("version", Arg.SIZE),), "handshake; returns device properties"),
     CallSpec("ping", 2, _S, (("data", Arg.BUFFER),), "echo a buffer (latency benchmark)"),
     CallSpec("stats", 3, _S, (), "the proxy's figures for this session"),
+    CallSpec("admin_stats", 4, _S, (("token", Arg.TEXT),), "every session's figures (admin only)"),
     # -- memory ----------------------------------------------------------------------------
     CallSpec("alloc", 10, _A, (("handle", Arg.HANDLE), ("nbytes", Arg.SIZE))),
     CallSpec("free", 11, _A, (("handle", Arg.HANDLE),)),

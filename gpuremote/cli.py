@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -47,8 +48,13 @@ def _serve(args: argparse.Namespace) -> int:
         for url in urls:
             line = f"{READY}{url}" if args.announce else f"listening on {url}"
             print(line, flush=True, file=sys.stdout if args.announce else sys.stderr)
+        if proxy.metrics_url:
+            print(f"Prometheus metrics at {proxy.metrics_url}", file=sys.stderr, flush=True)
+        if proxy.admin_token is None:
+            print("admin calls (gpuremote top) are off: no --admin-token", file=sys.stderr)
 
     try:
+        metrics = None if args.metrics_port is None else (args.metrics_host, args.metrics_port)
         aio.run(
             serve(
                 args.listen or ["tcp://127.0.0.1:5151"],
@@ -56,6 +62,8 @@ def _serve(args: argparse.Namespace) -> int:
                 ready=ready,
                 session_limits=limits,
                 bench_echo=args.bench_echo,
+                admin_token=args.admin_token or os.environ.get("GPUREMOTE_ADMIN_TOKEN"),
+                metrics=metrics,
             )
         )
     except (GpuRemoteError, BackendError) as exc:
@@ -117,6 +125,16 @@ def _demo(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _top(args: argparse.Namespace) -> int:
+    from . import aio
+    from .top import run_top
+
+    token = args.token or os.environ.get("GPUREMOTE_ADMIN_TOKEN", "")
+    return aio.run(
+        run_top(args.url, token, interval=args.interval, once=args.once, as_json=args.json)
+    )
+
+
 def _info(args: argparse.Namespace) -> int:
     import json
 
@@ -154,6 +172,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--quiet", action="store_true", help="log warnings only")
     s.add_argument(
+        "--admin-token",
+        default=None,
+        help="secret that admin clients (gpuremote top) must present "
+        "(default: GPUREMOTE_ADMIN_TOKEN; none: admin calls refused)",
+    )
+    s.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics on this port (needs the [metrics] extra)",
+    )
+    s.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics server")
+    s.add_argument(
         "--bench-echo",
         action="store_true",
         help="also serve bare echo baselines for `gpuremote bench` (loopback use)",
@@ -167,6 +198,14 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--batch", type=int, default=256)
     d.add_argument("--hidden", type=int, default=128)
     d.set_defaults(func=_demo)
+
+    t = sub.add_parser("top", help="live view of a proxy's clients (an admin call)")
+    t.add_argument("--url", default=None)
+    t.add_argument("--token", default=None, help="admin token (default: GPUREMOTE_ADMIN_TOKEN)")
+    t.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    t.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    t.add_argument("--json", action="store_true", help="with --once: as JSON")
+    t.set_defaults(func=_top)
 
     i = sub.add_parser("info", help="print the proxy's device properties")
     i.add_argument("--url", default=None)

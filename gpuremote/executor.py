@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ PROTOCOL_VERSION = 1
 # calls that manage resources rather than queue work on a stream: never skipped
 _MANAGEMENT = frozenset(
     {
+        "admin_stats",
         "alloc",
         "free",
         "stream_create",
@@ -64,9 +65,11 @@ class Executor:
         limits: SessionLimits = SessionLimits(),
         session_id: int = 0,
         info: dict[str, Any] | None = None,
+        admin: Callable[[str], dict[str, Any]] | None = None,
     ) -> None:
         self.backend = backend
         self.info = info or {}
+        self._admin = admin
         self.limits = limits
         self.session_id = session_id
         self.buffers: dict[int, Any] = {}
@@ -280,6 +283,11 @@ class Executor:
         from .localproxy import peak_rss_bytes, rss_bytes
 
         return {**self.stats(), "rss_bytes": rss_bytes(), "peak_rss_bytes": peak_rss_bytes()}
+
+    def _cmd_admin_stats(self, ctx: _Ctx, token: str) -> Any:
+        if self._admin is None:
+            raise CallFailed("this proxy serves no admin calls")
+        return self._admin(token)
 
     def _cmd_alloc(self, ctx: _Ctx, handle: int, nbytes: int) -> None:
         self._new_handle(self.buffers, handle, "buffer")

@@ -43,6 +43,7 @@ __all__ = [
     "encode_notice",
     "encode_replies",
     "encode_request",
+    "request_local_calls",
 ]
 
 REQUEST, REPLY, FATAL, NOTICE = 1, 2, 3, 4
@@ -138,13 +139,27 @@ _pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 
 
 def encode_request(
-    commands: list[list[Any]], buffers: list[memoryview], arrays: list[list[Any]] | None = None
+    commands: list[list[Any]],
+    buffers: list[memoryview],
+    arrays: list[list[Any]] | None = None,
+    local_calls: int | None = None,
 ) -> Frame:
     """A request frame from already-built command lists ``[seq, opcode, stream, args, ack]``.
 
     Array arguments are indexes into ``arrays``, the frame's table of array descriptors
-    ``[handle, offset, shape, dtype]``: each array is sent and checked once per frame."""
-    return Frame(_pack([REQUEST, arrays or [], commands]), buffers)
+    ``[handle, offset, shape, dtype]``: each array is sent and checked once per frame.
+    ``local_calls``, the client's count of calls it answered itself, is reported to the
+    proxy's monitoring."""
+    if local_calls is None:
+        return Frame(_pack([REQUEST, arrays or [], commands]), buffers)
+    return Frame(_pack([REQUEST, arrays or [], commands, local_calls]), buffers)
+
+
+def request_local_calls(msg: list[Any]) -> int | None:
+    """The client's LOCAL-call count that a request message carries, if any."""
+    if len(msg) == 4 and type(msg[3]) is int and msg[3] >= 0:
+        return msg[3]
+    return None
 
 
 def encode_replies(replies: list[Reply], buffers: list[memoryview]) -> Frame:
@@ -185,16 +200,23 @@ def decode_message(frame: Frame) -> list[Any]:
 
 
 def decode_request(
-    frame: Frame, limits: FrameLimits = FrameLimits()
+    frame: Frame, limits: FrameLimits = FrameLimits(), msg: list[Any] | None = None
 ) -> list[Command | BadCommandAt]:
     """Decode and check a request frame.
 
     Returns one ``Command`` per valid command, and a ``BadCommandAt`` for each command whose
     arguments are wrong (it fails alone). Raises ``RemoteProtocolError`` if the frame as a whole
-    is not a request batch, and ``LimitExceeded`` past the command limit.
+    is not a request batch, and ``LimitExceeded`` past the command limit. ``msg`` is the
+    frame's metadata if it was decoded already (``decode_message``).
     """
-    msg = decode_message(frame)
-    if msg[0] != REQUEST or len(msg) != 3 or type(msg[1]) is not list or type(msg[2]) is not list:
+    if msg is None:
+        msg = decode_message(frame)
+    if (
+        msg[0] != REQUEST
+        or len(msg) not in (3, 4)
+        or type(msg[1]) is not list
+        or type(msg[2]) is not list
+    ):
         raise RemoteProtocolError("expected a request batch [REQUEST, arrays, commands]")
     table, items = msg[1], msg[2]
     if len(items) > limits.max_commands or len(table) > limits.max_commands:

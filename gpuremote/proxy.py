@@ -10,17 +10,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import itertools
 import logging
 import signal
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass
 from typing import Any
 
 from .backends import Backend, get_backend
 from .errors import ConnectionClosed, GpuRemoteError, ProtocolError
 from .executor import Executor, SessionLimits
 from .framing import Frame, FrameLimits
-from .protocol import decode_request, encode_fatal, encode_notice, encode_replies
+from .monitor import SessionFigures, totals
+from .protocol import (
+    decode_message,
+    decode_request,
+    encode_fatal,
+    encode_notice,
+    encode_replies,
+    request_local_calls,
+)
 from .transports import Address, Connection, Listener, listen
 
 __all__ = ["Proxy", "serve"]
@@ -32,8 +42,8 @@ log = logging.getLogger("gpuremote.proxy")
 class _Client:
     conn: Connection
     executor: Executor
+    figures: SessionFigures
     task: asyncio.Task[Any] | None = None
-    frames: int = field(default=0)
     drainer: asyncio.Task[None] | None = None
 
 
@@ -47,8 +57,12 @@ class Proxy:
         limits: FrameLimits = FrameLimits(),
         session_limits: SessionLimits = SessionLimits(),
         bench_echo: bool = False,
+        admin_token: str | None = None,
     ) -> None:
         self.backend = get_backend(backend) if isinstance(backend, str) else backend
+        self.admin_token = admin_token or None
+        self.started = time.time()
+        self.metrics_url: str | None = None
         self.limits = limits
         self.session_limits = session_limits
         self.listeners: list[Listener] = []
@@ -75,8 +89,9 @@ class Proxy:
 
     async def _serve_connection(self, conn: Connection) -> None:
         sid = next(self._ids)
-        executor = Executor(self.backend, self.session_limits, sid, self.info)
-        client = _Client(conn, executor, asyncio.current_task())
+        executor = Executor(self.backend, self.session_limits, sid, self.info, self._admin)
+        figures = SessionFigures(sid, conn.peer)
+        client = _Client(conn, executor, figures, asyncio.current_task())
         self.clients[sid] = client
         self.sessions_served += 1
         log.info("session %d: client %s connected", sid, conn.peer)
@@ -97,18 +112,28 @@ class Proxy:
 
         def on_frame(frame: Frame) -> None:
             # runs in the transport's read callback: no task hop on the hot path
-            client.frames += 1
+            t0 = time.perf_counter_ns()
+            figures.frames_in += 1
+            figures.bytes_in += frame.nbytes
             try:
-                commands = decode_request(frame, self.limits)
+                msg = decode_message(frame)
+                commands = decode_request(frame, self.limits, msg)
             except ProtocolError as exc:
                 with contextlib.suppress(GpuRemoteError):
                     conn.send(encode_fatal(str(exc)))
                 loop.call_later(0.5, end, f"protocol error: {exc}")  # let the FATAL out
                 conn.pause_reading()
                 return
+            local = request_local_calls(msg)
+            if local is not None:
+                figures.local_calls = local
             replies, buffers = executor.execute(commands, frame.buffers)
             if replies:
-                conn.send(encode_replies(replies, buffers))
+                reply = encode_replies(replies, buffers)
+                conn.send(reply)
+                figures.frames_out += 1
+                figures.bytes_out += reply.nbytes
+                figures.sync_latency(time.perf_counter_ns() - t0)
                 if conn.pending_bytes:
                     # reply buffers may be device memory, and the client is slow to read:
                     # take no more commands until they are out (backpressure)
@@ -136,20 +161,68 @@ class Proxy:
             conn.close()
             self.clients.pop(sid, None)
             log.info(
-                "session %d: %s; %s; calls sync=%d async=%d failed=%d, %d frames, "
+                "session %d: %s; %s; calls local=%d sync=%d async=%d failed=%d, %d frames, "
                 "%d bytes in, %d bytes out, %d buffers (%d bytes) freed",
                 sid,
                 conn.peer,
                 reason,
+                figures.local_calls,
                 stats["calls"]["sync"],
                 stats["calls"]["async"],
                 stats["failed"],
-                client.frames,
-                stats["bytes_in"],
-                stats["bytes_out"],
+                figures.frames_in,
+                figures.bytes_in,
+                figures.bytes_out,
                 stats["buffers"],
                 stats["device_bytes"],
             )
+
+    def _admin(self, token: str) -> dict[str, Any]:
+        """The admin call: every session's figures, for the right token only."""
+        if self.admin_token is None:
+            raise PermissionError(
+                "admin calls are disabled on this proxy (start it with --admin-token or "
+                "GPUREMOTE_ADMIN_TOKEN)"
+            )
+        if not hmac.compare_digest(token.encode(), self.admin_token.encode()):
+            raise PermissionError("refused: wrong admin token")
+        return self.snapshot()
+
+    def snapshot(self) -> dict[str, Any]:
+        """Every live session's figures, totals and the backend: what `gpuremote top` shows."""
+        now = time.time()
+        sessions = []
+        for sid, c in list(self.clients.items()):
+            ex, fig = c.executor, c.figures
+            sessions.append(
+                {
+                    "session": sid,
+                    "peer": fig.peer,
+                    "uptime_s": now - fig.started,
+                    "calls": {
+                        "local": fig.local_calls,
+                        **{k: v for k, v in ex.counts.items() if k != "local"},
+                    },
+                    "failed": ex.failed,
+                    "frames_in": fig.frames_in,
+                    "frames_out": fig.frames_out,
+                    "bytes_in": fig.bytes_in,
+                    "bytes_out": fig.bytes_out,
+                    "device_bytes": ex.device_bytes,
+                    "buffers": len(ex.buffers),
+                    "queued_calls": 0,  # commands run as their frame arrives
+                    "pending_bytes_out": c.conn.pending_bytes,
+                    "sync_latency_us": fig.latency_us(),
+                }
+            )
+        return {
+            "time": now,
+            "uptime_s": now - self.started,
+            "backend": dict(self.backend.device_info()),
+            "sessions": sessions,
+            "totals": totals(sessions),
+            "sessions_served": self.sessions_served,
+        }
 
     def stats(self) -> dict[str, Any]:
         """Totals over the live sessions."""
@@ -186,11 +259,19 @@ async def serve(
     ready: Any = None,
     session_limits: SessionLimits = SessionLimits(),
     bench_echo: bool = False,
+    admin_token: str | None = None,
+    metrics: tuple[str, int] | None = None,
 ) -> None:
     """Run a proxy until SIGINT or SIGTERM. ``ready(proxy, bound_urls)`` is called once
-    it listens."""
-    proxy = Proxy(backend, session_limits=session_limits, bench_echo=bench_echo)
+    it listens; ``metrics=(host, port)`` also serves Prometheus metrics there."""
+    proxy = Proxy(
+        backend, session_limits=session_limits, bench_echo=bench_echo, admin_token=admin_token
+    )
     bound = [await proxy.start(u) for u in urls]
+    if metrics is not None:
+        from .metrics import start_metrics_server
+
+        proxy.metrics_url = start_metrics_server(proxy, *metrics)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

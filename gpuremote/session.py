@@ -270,7 +270,9 @@ class Session:
             self._flush_scheduled = None
         if not self._queue:
             return
-        frame = _encode_request(self._queue, self._qbufs, self._arrays)
+        frame = _encode_request(
+            self._queue, self._qbufs, self._arrays, self.counters.calls["local"]
+        )
         self._reset_batch()
         self._send(frame)
 
@@ -297,7 +299,8 @@ class Session:
                 fut = self._pending[cmd[0]] = self._loop.create_future()
             bufs = self._qbufs if len(self._queue) == 1 else []
             arrays = self._arrays if len(self._queue) == 1 else []
-            self._serial.append((_encode_request([cmd], bufs, arrays), fut))
+            frame = _encode_request([cmd], bufs, arrays, self.counters.calls["local"])
+            self._serial.append((frame, fut))
         self._reset_batch()
         if self._serial_task is None or self._serial_task.done():
             self._serial_task = self._loop.create_task(self._serial_sender())
