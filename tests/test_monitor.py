@@ -113,7 +113,7 @@ async def test_metrics_endpoint_parses_with_prometheus_client(
 async def test_top_view_renders_rates_and_totals(
     admin_proxy: tuple[gpuremote.Proxy, str],
 ) -> None:
-    proxy, url = admin_proxy
+    url = admin_proxy[1]
     async with gpuremote.connect(url) as gpu, gpuremote.connect(url) as viewer:
         first = await fetch(viewer, TOKEN)
         keep = await scripted(gpu)
