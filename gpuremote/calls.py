@@ -69,7 +69,13 @@ CALLS: tuple[CallSpec, ...] = (
     CallSpec("view", 0, _L, doc="reshape or byte-range view of a buffer"),
     CallSpec("host_copy", 0, _L, doc="get() of a buffer whose uploaded host copy is valid"),
     # -- session ---------------------------------------------------------------------------
-    CallSpec("hello", 1, _S, (("version", Arg.SIZE),), "handshake; returns device properties"),
+    CallSpec(
+        "hello",
+        1,
+        _S,
+        (("version", Arg.SIZE), ("proof", Arg.TEXT)),
+        "handshake (with the authentication proof); returns device properties",
+    ),
     CallSpec("ping", 2, _S, (("data", Arg.BUFFER),), "echo a buffer (latency benchmark)"),
     CallSpec("stats", 3, _S, (), "the proxy's figures for this session"),
     CallSpec("admin_stats", 4, _S, (("token", Arg.TEXT),), "every session's figures (admin only)"),

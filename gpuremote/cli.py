@@ -15,11 +15,13 @@ __all__ = ["main"]
 
 def _serve(args: argparse.Namespace) -> int:
     from . import aio
+    from .auth import is_loopback, load_secret
     from .backends import BackendError
     from .errors import GpuRemoteError
     from .executor import SessionLimits
     from .localproxy import READY
     from .proxy import Proxy, serve
+    from .transports import Address
 
     logging.basicConfig(
         level=logging.WARNING if args.quiet else logging.INFO,
@@ -55,15 +57,31 @@ def _serve(args: argparse.Namespace) -> int:
 
     try:
         metrics = None if args.metrics_port is None else (args.metrics_host, args.metrics_port)
+        secret = load_secret(secret_file=args.secret_file)
+        urls = args.listen or ["tcp://127.0.0.1:5151"]
+        exposed = [
+            u
+            for u in urls
+            if not is_loopback(Address.parse(u).host) and Address.parse(u).scheme != "inproc"
+        ]
+        if exposed and secret is None and not args.insecure:
+            print(
+                f"gpuremote serve: refusing to listen on {', '.join(exposed)} without a shared "
+                "secret (--secret-file, GPUREMOTE_SECRET, [auth] in gpuremote.toml); "
+                "--insecure overrides",
+                file=sys.stderr,
+            )
+            return 2
         aio.run(
             serve(
-                args.listen or ["tcp://127.0.0.1:5151"],
+                urls,
                 args.backend,
                 ready=ready,
                 session_limits=limits,
                 bench_echo=args.bench_echo,
                 admin_token=args.admin_token or os.environ.get("GPUREMOTE_ADMIN_TOKEN"),
                 metrics=metrics,
+                secret=secret,
             )
         )
     except (GpuRemoteError, BackendError) as exc:
@@ -171,6 +189,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the bound URL on stdout once listening (for scripts)",
     )
     s.add_argument("--quiet", action="store_true", help="log warnings only")
+    s.add_argument(
+        "--secret-file",
+        default=None,
+        help="file holding the shared secret clients must prove they know (default: "
+        "GPUREMOTE_SECRET, GPUREMOTE_SECRET_FILE, [auth] in gpuremote.toml; none: no auth)",
+    )
+    s.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow listening on a non-loopback address without a shared secret",
+    )
     s.add_argument(
         "--admin-token",
         default=None,

@@ -17,6 +17,7 @@ buffer: none of that costs a round trip.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import math
@@ -26,13 +27,14 @@ from typing import Any
 
 import numpy as np
 
+from .auth import load_secret, proof
 from .calls import CALLS_BY_NAME
 from .config import PipelineConfig, pipeline_config, resolve_url
-from .errors import LocalProtocolError
+from .errors import AuthenticationError, LocalProtocolError, RemoteProtocolError
 from .executor import PROTOCOL_VERSION
 from .framing import FrameLimits, byte_view
 from .ops import OPS, infer
-from .protocol import DTYPES
+from .protocol import DTYPES, decode_greeting
 from .session import BUFFER, Session
 from .transports import connect as transport_connect
 
@@ -636,11 +638,35 @@ class _Connector:
 
     async def _open(self) -> GPU:
         url = resolve_url(self._url)
-        cfg = self._pipeline or pipeline_config(self._options)
+        options = dict(self._options)
+        secret = load_secret(options.pop("secret", None))
+        timeout = options.pop("connect_timeout", 10.0)
+        cfg = self._pipeline or pipeline_config(options)
         conn = await transport_connect(url, self._limits)
+        try:
+            greeting = decode_greeting(await asyncio.wait_for(conn.recv(), timeout))
+        except BaseException:
+            conn.close()
+            raise
+        answer = ""
+        if greeting["auth"]:
+            if secret is None:
+                conn.close()
+                raise AuthenticationError(
+                    f"the proxy at {url} requires a shared secret: pass secret=..., or set "
+                    "GPUREMOTE_SECRET, GPUREMOTE_SECRET_FILE or [auth] in gpuremote.toml"
+                )
+            answer = proof(secret, greeting["nonce"])
         session = Session(conn, cfg)
         try:
-            info, _ = await session.call(_C["hello"], 0, [PROTOCOL_VERSION])
+            info, _ = await asyncio.wait_for(
+                session.call(_C["hello"], 0, [PROTOCOL_VERSION, answer]), timeout
+            )
+        except RemoteProtocolError as exc:
+            await session.aclose()
+            if "authentication failed" in str(exc):
+                raise AuthenticationError(f"the proxy at {url} refused the secret") from None
+            raise
         except BaseException:
             await session.aclose()
             raise
@@ -667,5 +693,6 @@ def connect(
 ) -> _Connector:
     """Connect to the proxy at ``url`` (else ``GPUREMOTE_URL``, else the config file, else
     the default). ``options`` override pipeline settings (``async_calls``, ``batching``,
-    ``shadow``, ``max_batch_calls``, ``max_batch_bytes``, ``flush_delay_us``)."""
+    ``shadow``, ``max_batch_calls``, ``max_batch_bytes``, ``flush_delay_us``), and take
+    ``secret=`` (the shared secret, when the proxy requires one) and ``connect_timeout=``."""
     return _Connector(url, pipeline, options, limits)

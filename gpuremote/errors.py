@@ -8,6 +8,7 @@ its op and the proxy's message.
 from __future__ import annotations
 
 __all__ = [
+    "AuthenticationError",
     "ConfigError",
     "ConnectionClosed",
     "GpuRemoteError",
@@ -30,6 +31,10 @@ class ConfigError(GpuRemoteError):
 
 class TransportUnavailable(ConfigError):
     """The URL names a transport that is unknown or whose optional extra is not installed."""
+
+
+class AuthenticationError(GpuRemoteError):
+    """The proxy refused this client's credentials, or needs some that the client lacks."""
 
 
 class ConnectionClosed(GpuRemoteError):

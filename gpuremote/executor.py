@@ -262,7 +262,7 @@ class Executor:
             )
 
     # -- commands (name after "_cmd_" is the call name) -------------------------------------
-    def _cmd_hello(self, ctx: _Ctx, version: int) -> Any:
+    def _cmd_hello(self, ctx: _Ctx, version: int, proof: str) -> Any:
         if version != PROTOCOL_VERSION:
             raise CallFailed(f"client speaks protocol {version}; proxy speaks {PROTOCOL_VERSION}")
         info: dict[str, Any] = dict(self.backend.device_info())

@@ -26,6 +26,7 @@ from .framing import Frame, FrameLimits
 __all__ = [
     "DTYPES",
     "FATAL",
+    "GREETING",
     "NOTICE",
     "REPLY",
     "REQUEST",
@@ -36,17 +37,19 @@ __all__ = [
     "Command",
     "ErrorInfo",
     "Reply",
+    "decode_greeting",
     "decode_message",
     "decode_replies",
     "decode_request",
     "encode_fatal",
+    "encode_greeting",
     "encode_notice",
     "encode_replies",
     "encode_request",
     "request_local_calls",
 ]
 
-REQUEST, REPLY, FATAL, NOTICE = 1, 2, 3, 4
+REQUEST, REPLY, FATAL, NOTICE, GREETING = 1, 2, 3, 4, 5
 STATUS_OK, STATUS_ERROR = 0, 1
 
 MAX_HANDLE = (1 << 63) - 1
@@ -185,6 +188,23 @@ def encode_fatal(message: str) -> Frame:
 
 def encode_notice(kind: str, detail: Any = None) -> Frame:
     return Frame(_pack([NOTICE, kind, detail]))
+
+
+def encode_greeting(version: int, auth: bool, nonce: bytes) -> Frame:
+    """The proxy's first frame on a connection."""
+    return Frame(_pack([GREETING, {"version": version, "auth": auth, "nonce": nonce}]))
+
+
+def decode_greeting(frame: Frame) -> dict[str, Any]:
+    msg = decode_message(frame)
+    if msg[0] != GREETING or len(msg) != 2 or type(msg[1]) is not dict:
+        if msg[0] == FATAL and len(msg) > 1:
+            raise RemoteProtocolError(f"the proxy refused the connection: {msg[1]}")
+        raise RemoteProtocolError("expected the proxy's greeting: is this a gpuremote proxy?")
+    greeting: dict[str, Any] = msg[1]
+    if type(greeting.get("nonce")) is not bytes or type(greeting.get("auth")) is not bool:
+        raise RemoteProtocolError("malformed greeting")
+    return greeting
 
 
 # -- decoding ---------------------------------------------------------------------------------

@@ -18,15 +18,18 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from .auth import new_nonce, verify
 from .backends import Backend, get_backend
 from .errors import ConnectionClosed, GpuRemoteError, ProtocolError
-from .executor import Executor, SessionLimits
+from .executor import PROTOCOL_VERSION, Executor, SessionLimits
 from .framing import Frame, FrameLimits
 from .monitor import SessionFigures, totals
 from .protocol import (
+    Command,
     decode_message,
     decode_request,
     encode_fatal,
+    encode_greeting,
     encode_notice,
     encode_replies,
     request_local_calls,
@@ -58,9 +61,11 @@ class Proxy:
         session_limits: SessionLimits = SessionLimits(),
         bench_echo: bool = False,
         admin_token: str | None = None,
+        secret: bytes | None = None,
     ) -> None:
         self.backend = get_backend(backend) if isinstance(backend, str) else backend
         self.admin_token = admin_token or None
+        self.secret = secret or None
         self.started = time.time()
         self.metrics_url: str | None = None
         self.limits = limits
@@ -97,6 +102,8 @@ class Proxy:
         log.info("session %d: client %s connected", sid, conn.peer)
         loop = asyncio.get_running_loop()
         ended: asyncio.Future[str] = loop.create_future()
+        nonce = new_nonce()
+        authenticated = self.secret is None
 
         def end(reason: str) -> None:
             if not ended.done():
@@ -110,8 +117,15 @@ class Proxy:
                 return
             conn.resume_reading()
 
+        def refuse(why: str) -> None:
+            with contextlib.suppress(GpuRemoteError):
+                conn.send(encode_fatal(why))
+            conn.pause_reading()
+            loop.call_later(0.5, end, why)  # let the FATAL out first
+
         def on_frame(frame: Frame) -> None:
             # runs in the transport's read callback: no task hop on the hot path
+            nonlocal authenticated
             t0 = time.perf_counter_ns()
             figures.frames_in += 1
             figures.bytes_in += frame.nbytes
@@ -119,11 +133,20 @@ class Proxy:
                 msg = decode_message(frame)
                 commands = decode_request(frame, self.limits, msg)
             except ProtocolError as exc:
-                with contextlib.suppress(GpuRemoteError):
-                    conn.send(encode_fatal(str(exc)))
-                loop.call_later(0.5, end, f"protocol error: {exc}")  # let the FATAL out
-                conn.pause_reading()
+                refuse(f"protocol error: {exc}")
                 return
+            if not authenticated:  # nothing runs before the proof is checked
+                first = commands[0] if commands else None
+                if (
+                    type(first) is not Command
+                    or first.spec.name != "hello"
+                    or self.secret is None
+                    or not verify(self.secret, nonce, first.args[1])
+                ):
+                    log.warning("session %d: %s failed authentication", sid, conn.peer)
+                    refuse("authentication failed")
+                    return
+                authenticated = True
             local = request_local_calls(msg)
             if local is not None:
                 figures.local_calls = local
@@ -153,6 +176,7 @@ class Proxy:
 
         reason = "proxy shutting down"
         try:
+            conn.send(encode_greeting(PROTOCOL_VERSION, self.secret is not None, nonce))
             conn.set_receiver(on_frame, on_lost)
             reason = await ended
         finally:
@@ -261,11 +285,16 @@ async def serve(
     bench_echo: bool = False,
     admin_token: str | None = None,
     metrics: tuple[str, int] | None = None,
+    secret: bytes | None = None,
 ) -> None:
     """Run a proxy until SIGINT or SIGTERM. ``ready(proxy, bound_urls)`` is called once
     it listens; ``metrics=(host, port)`` also serves Prometheus metrics there."""
     proxy = Proxy(
-        backend, session_limits=session_limits, bench_echo=bench_echo, admin_token=admin_token
+        backend,
+        session_limits=session_limits,
+        bench_echo=bench_echo,
+        admin_token=admin_token,
+        secret=secret,
     )
     bound = [await proxy.start(u) for u in urls]
     if metrics is not None:

@@ -15,7 +15,7 @@ from gpuremote.calls import CALLS_BY_NAME
 from gpuremote.demo import mlp_data, train_local, train_remote
 from gpuremote.errors import ConnectionClosed, LocalProtocolError, RemoteCallError
 from gpuremote.framing import Frame
-from gpuremote.protocol import FATAL, decode_message
+from gpuremote.protocol import FATAL, decode_greeting, decode_message
 from gpuremote.proxy import Proxy
 from gpuremote.session import Session
 
@@ -324,6 +324,8 @@ async def test_protocol_garbage_closes_only_that_connection(proxy: tuple[Proxy, 
     url = proxy[1]
     good = await gpuremote.connect(url)
     conn = await transport_connect(url)
+    greeting = decode_greeting(await asyncio.wait_for(conn.recv(), 2))
+    assert greeting["auth"] is False and len(greeting["nonce"]) == 32
     conn.send(Frame(b"\xc1 not msgpack"))
     fatal = decode_message(await asyncio.wait_for(conn.recv(), 2))
     assert fatal[0] == FATAL and "not valid msgpack" in fatal[1]
