@@ -84,6 +84,21 @@ def add_bench_parser(sub: Any) -> None:
     t.add_argument("--csv", default=None, metavar="FILE", help="write the raw samples here")
     t.set_defaults(func=_throughput)
 
+    lo = bs.add_parser("load", help="many concurrent clients, each verifying its result")
+    _common(lo)
+    lo.add_argument("--clients", type=int, default=8)
+    lo.add_argument("--ops", type=int, default=1000, help="calls per client")
+    lo.add_argument(
+        "--sync-every", type=int, default=100, help="a verifying read-back every this many calls"
+    )
+    lo.set_defaults(func=_load)
+
+    fz = bs.add_parser("fuzz", help="a long hostile-input run against a live proxy")
+    _common(fz)
+    fz.add_argument("--seconds", type=float, default=30.0)
+    fz.add_argument("--seed", type=int, default=0)
+    fz.set_defaults(func=_fuzz)
+
     a = bs.add_parser("api", help="calls per second: synchronous versus pipelined")
     _common(a)
     a.add_argument("--calls", type=int, default=10_000)
@@ -245,3 +260,82 @@ def _api(args: argparse.Namespace) -> int:
     console.print(t)
     console.print(f"pipelined / synchronous: {result['ratio']:.1f}x")
     return 0
+
+
+def _load(args: argparse.Namespace) -> int:
+    from .load import LoadConfig, run_load
+
+    cfg = LoadConfig(
+        url=args.url,
+        transport=args.transport,
+        backend=args.backend,
+        clients=args.clients,
+        ops=args.ops,
+        sync_every=args.sync_every,
+    )
+
+    def view(state: dict[str, Any]) -> RenderableType:
+        from rich.text import Text
+
+        return Text(str(state))
+
+    result = _drive(args, view, lambda report: run_load(cfg, report))
+    if args.json:
+        _print_json(result)
+        return 0 if result["errors"] == 0 else 1
+    from rich.table import Table
+
+    t = Table(
+        title=f"gpuremote bench load: {result['clients']} clients x {result['ops']} "
+        f"calls over {result['url']}",
+        title_justify="left",
+    )
+    for col in (
+        "calls/s",
+        "sync p50 µs",
+        "sync p99 µs",
+        "errors",
+        "verified",
+        "proxy MB before",
+        "proxy MB after",
+    ):
+        t.add_column(col, justify="right")
+    mem = result["proxy_rss_mb"]
+    t.add_row(
+        f"{result['calls_per_s']:,.0f}",
+        f"{result['sync_latency_us']['p50']:,.0f}",
+        f"{result['p99_us']:,.0f}",
+        str(result["errors"]),
+        f"{result['verified']}/{result['clients']}",
+        "-" if mem["before"] is None else f"{mem['before']:.1f}",
+        "-" if mem["after"] is None else f"{mem['after']:.1f}",
+    )
+    Console().print(t)
+    for msg in result["error_messages"]:
+        Console().print(f"error: {msg}", style="red")
+    return 0 if result["errors"] == 0 else 1
+
+
+def _fuzz(args: argparse.Namespace) -> int:
+    from .fuzz import FuzzConfig, run_fuzz
+
+    cfg = FuzzConfig(
+        url=args.url,
+        transport=args.transport,
+        backend=args.backend,
+        seconds=args.seconds,
+        seed=args.seed,
+    )
+
+    def view(state: dict[str, Any]) -> RenderableType:
+        from rich.text import Text
+
+        return Text("gpuremote bench fuzz: " + ", ".join(f"{k} {v}" for k, v in state.items()))
+
+    result = _drive(args, view, lambda report: run_fuzz(cfg, report))
+    ok = result["control_failures"] == 0
+    if args.json:
+        _print_json(result)
+    else:
+        Console().print(result)
+    return 0 if ok else 1

@@ -82,6 +82,7 @@ def _serve(args: argparse.Namespace) -> int:
                 admin_token=args.admin_token or os.environ.get("GPUREMOTE_ADMIN_TOKEN"),
                 metrics=metrics,
                 secret=secret,
+                drain_s=args.drain_seconds,
             )
         )
     except (GpuRemoteError, BackendError) as exc:
@@ -194,6 +195,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="file holding the shared secret clients must prove they know (default: "
         "GPUREMOTE_SECRET, GPUREMOTE_SECRET_FILE, [auth] in gpuremote.toml; none: no auth)",
+    )
+    s.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=2.0,
+        help="on SIGTERM, how long clients get to finish before they are disconnected",
     )
     s.add_argument(
         "--insecure",

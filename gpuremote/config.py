@@ -13,6 +13,7 @@ A config file looks like::
     max_batch_calls = 1024
     max_batch_bytes = 4194304
     flush_delay_us = 0        # 0: flush when control returns to the event loop
+    call_timeout_s = 30       # fail a call (and the session) after this long without reply
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class PipelineConfig:
     max_batch_bytes: int = 4 << 20
     flush_delay_us: float = 0.0
     shadow_max_bytes: int = 64 << 20  # host copies larger than this are not kept
+    call_timeout_s: float | None = None  # a SYNC call with no reply by then: proxy gone
 
     def __post_init__(self) -> None:
         if self.max_batch_calls < 1 or self.max_batch_bytes < 1 or self.flush_delay_us < 0:

@@ -216,6 +216,16 @@ class FrameDecoder:
             src = src[n:]
             self.buffer_updated(n)
 
+    def release(self) -> None:
+        """Drop the decoder's buffers (the stream is over); later use fails."""
+        self._scratch = bytearray()
+        self._view = memoryview(self._scratch)
+        self._dest = None
+        self._frames.clear()
+        if self._error is None:
+            self._error = RemoteProtocolError("decoder released")
+        self._start = self._end = 0
+
     def next_frame(self) -> Frame | None:
         """The next complete frame, or ``None`` if more data is needed."""
         return self._frames.popleft() if self._frames else None

@@ -184,6 +184,8 @@ class Proxy:
             executor.close()
             conn.close()
             self.clients.pop(sid, None)
+            if not self.clients:
+                _release_free_memory()  # idle: hand freed heap back to the OS
             log.info(
                 "session %d: %s; %s; calls local=%d sync=%d async=%d failed=%d, %d frames, "
                 "%d bytes in, %d bytes out, %d buffers (%d bytes) freed",
@@ -259,21 +261,47 @@ class Proxy:
             "device_bytes": sum(s["device_bytes"] for s in sessions),
         }
 
-    async def close(self) -> None:
-        """Stop listening, tell clients, and end every session."""
+    async def close(self, grace: float = 0.0) -> None:
+        """Stop listening, tell clients, and end every session.
+
+        With ``grace``, sessions get that long to finish: batches already received run and
+        their replies go out, and clients that hang up on the notice end sooner."""
         for listener in self.listeners:
             await listener.close()
         self.listeners.clear()
         if self._echo is not None:
             await self._echo.close()
             self._echo = None
-        tasks = [c.task for c in self.clients.values() if c.task is not None]
-        for client in list(self.clients.values()):
+        clients = list(self.clients.values())
+        for client in clients:
             with contextlib.suppress(GpuRemoteError):
                 client.conn.send(encode_notice("shutdown"))
+        tasks = [c.task for c in clients if c.task is not None]
+        if grace and tasks:
+            await asyncio.wait(tasks, timeout=grace)
+        for client in clients:
+            with contextlib.suppress(GpuRemoteError, TimeoutError):
+                await asyncio.wait_for(client.conn.drain(), 1.0)
             client.conn.close()
         if tasks:
             await asyncio.wait(tasks, timeout=5)
+
+
+def _release_free_memory() -> None:
+    """glibc's malloc_trim: return free heap pages to the OS (a no-op elsewhere)."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            import ctypes
+
+            _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim: Any = None
 
 
 async def serve(
@@ -286,6 +314,7 @@ async def serve(
     admin_token: str | None = None,
     metrics: tuple[str, int] | None = None,
     secret: bytes | None = None,
+    drain_s: float = 2.0,
 ) -> None:
     """Run a proxy until SIGINT or SIGTERM. ``ready(proxy, bound_urls)`` is called once
     it listens; ``metrics=(host, port)`` also serves Prometheus metrics there."""
@@ -310,5 +339,6 @@ async def serve(
         ready(proxy, bound)
     try:
         await stop.wait()
+        log.info("stopping: telling %d client(s), finishing in-flight work", len(proxy.clients))
     finally:
-        await proxy.close()
+        await proxy.close(grace=drain_s)

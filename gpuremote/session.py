@@ -92,6 +92,7 @@ class Session:
         self._error: BaseException | None = None
         self._closing = False
         self.notices: list[Any] = []
+        self.shutting_down = False
         conn.set_receiver(self._on_frame, self._on_lost)
 
     # -- handles ---------------------------------------------------------------------------
@@ -114,6 +115,8 @@ class Session:
             raise ConnectionClosed(str(self._error))
         if self._closing:
             raise ConnectionClosed("the session is closed")
+        if self.shutting_down:
+            raise ConnectionClosed("the proxy is shutting down")
 
     # -- submitting ------------------------------------------------------------------------
     def _command(
@@ -199,7 +202,20 @@ class Session:
             self.counters.round_trips += 1
         else:
             self._send_serial()
-        return await fut
+        return await self._wait(fut, spec.name)
+
+    async def _wait(self, fut: asyncio.Future[Result], what: str) -> Result:
+        timeout = self.config.call_timeout_s
+        if timeout is None:
+            return await fut
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            exc = ConnectionClosed(f"no reply to {what} within {timeout} s: the proxy is gone")
+            self._fail_all(exc)
+            if fut.done() and not fut.cancelled():
+                fut.exception()  # retrieved: it is raised here instead
+            raise exc from None
 
     async def ack(
         self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None = None
@@ -217,7 +233,7 @@ class Session:
             self.counters.round_trips += 1
         else:
             self._send_serial()
-        await fut
+        await self._wait(fut, spec.name)
 
     async def flush(self, wait: bool = False) -> None:
         """Send everything queued; with ``wait``, also wait for it to run and raise any
@@ -330,6 +346,8 @@ class Session:
         if kind == REPLY:
             for reply in decode_replies(frame, msg):
                 fut = self._pending.pop(reply.seq, None)
+                if self.shutting_down and not self._pending:
+                    self._loop.call_soon(self._fail_all, ConnectionClosed("the proxy shut down"))
                 if fut is None or fut.done():
                     continue
                 if reply.ok:
@@ -340,6 +358,10 @@ class Session:
             raise RemoteProtocolError(f"the proxy closed the connection: {msg[1]}")
         elif kind == NOTICE:
             self.notices.append(msg[1:])
+            if msg[1:2] == ["shutdown"]:
+                self.shutting_down = True  # replies in flight still come; new calls fail
+                if not self._pending:
+                    self._fail_all(ConnectionClosed("the proxy is shutting down"))
         else:
             raise RemoteProtocolError(f"unexpected message type {kind}")
 

@@ -29,6 +29,7 @@ __all__ = [
 #: scheme -> (module, class, the extra that installs what it needs)
 REGISTRY: dict[str, tuple[str, str, str | None]] = {
     "tcp": ("gpuremote.transports.tcp", "TcpTransport", None),
+    "tls": ("gpuremote.transports.tcp", "TlsTransport", None),
     "inproc": ("gpuremote.transports.inproc", "InprocTransport", None),
 }
 

@@ -13,26 +13,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
-from gpuremote.errors import ConnectionClosed, ProtocolError
+from gpuremote.config import load_config_file
+from gpuremote.errors import ConfigError, ConnectionClosed, ProtocolError
 from gpuremote.framing import Frame, FrameDecoder, FrameLimits, encode_frame
 
 from .base import Address, Connection, ConnectionHandler, Listener, Transport
 
-__all__ = ["TcpConnection", "TcpListener", "TcpTransport"]
+__all__ = ["TcpConnection", "TcpListener", "TcpTransport", "TlsTransport"]
 
 
 class _Protocol(asyncio.BufferedProtocol):
     """Feeds the connection's decoder; maps asyncio's callbacks onto ``TcpConnection``."""
 
-    def __init__(self, limits: FrameLimits) -> None:
+    def __init__(
+        self, limits: FrameLimits, on_made: Callable[[TcpConnection], None] | None = None
+    ) -> None:
         self.conn = TcpConnection(limits)
+        self._on_made = on_made
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.conn._made(transport)  # type: ignore[arg-type]
+        if self._on_made is not None:  # after the TLS handshake, on tls://
+            self._on_made(self.conn)
+            self._on_made = None
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.conn._decoder.get_buffer()
@@ -95,14 +102,8 @@ class TcpConnection(Connection):
         except ProtocolError as exc:
             self._fail(exc)
             return
-        receiver = self._receiver
-        if receiver is not None:
-            while (f := dec.next_frame()) is not None:
-                try:
-                    receiver(f)
-                except Exception as exc:
-                    self._fail(exc)
-                    return
+        if self._receiver is not None:
+            self._deliver()
             return
         frames = self._frames
         while (f := dec.next_frame()) is not None:
@@ -128,6 +129,10 @@ class TcpConnection(Connection):
             self._error = exc
         self._closed = True
         self._finish()
+        # break the transport <-> protocol <-> connection cycle and drop the buffers now,
+        # rather than at the next full garbage collection
+        self._transport = None
+        self._decoder.release()
 
     # -- sending ---------------------------------------------------------------------------
     def send(self, frame: Frame) -> None:
@@ -141,22 +146,28 @@ class TcpConnection(Connection):
             transport.writelines(pieces)
 
     async def drain(self) -> None:
-        if self._closed:
-            raise ConnectionClosed(self._why())
-        if not self._write_paused:
-            return
-        fut = self._loop.create_future()
-        self._drainers.append(fut)
-        await fut
+        while True:
+            if self._closed:
+                raise ConnectionClosed(self._why())
+            if not self._write_paused:
+                return
+            t = self._transport
+            if t is None or t.get_write_buffer_size() == 0:
+                # all out (asyncio's TLS transport may not call resume_writing for this)
+                self._write_paused = False
+                return
+            fut = self._loop.create_future()
+            self._drainers.append(fut)
+            await asyncio.wait([fut], timeout=0.05)
+            if not fut.done():
+                self._drainers.remove(fut)
 
     def _wake_drainers(self, exc: BaseException | None) -> None:
+        """Wake every drain(); each re-checks the connection (and raises if it is closed)."""
         drainers, self._drainers = self._drainers, []
         for fut in drainers:
             if not fut.done():
-                if exc is None:
-                    fut.set_result(None)
-                else:
-                    fut.set_exception(exc)
+                fut.set_result(None)
 
     @property
     def pending_bytes(self) -> int:
@@ -164,6 +175,19 @@ class TcpConnection(Connection):
         return t.get_write_buffer_size() if t is not None and not self._closed else 0
 
     # -- receiving -------------------------------------------------------------------------
+    def _deliver(self) -> None:
+        """Hand decoded frames to the receiver, stopping as soon as reading is paused."""
+        dec, receiver = self._decoder, self._receiver
+        while receiver is not None and not self._paused:
+            f = dec.next_frame()
+            if f is None:
+                return
+            try:
+                receiver(f)
+            except Exception as exc:
+                self._fail(exc)
+                return
+
     def set_receiver(
         self, on_frame: Callable[[Frame], None], on_lost: Callable[[BaseException], None]
     ) -> None:
@@ -182,6 +206,7 @@ class TcpConnection(Connection):
 
     def resume_reading(self) -> None:
         self._paused = False
+        self._deliver()  # frames that arrived before the pause took effect
         self._update_reading()
 
     def _update_reading(self) -> None:
@@ -242,6 +267,7 @@ class TcpConnection(Connection):
             w.set_result(None)
         self._wake_drainers(ConnectionClosed(self._why()))
         on_lost, self._on_lost = self._on_lost, None
+        self._receiver = None
         if on_lost is not None:
             on_lost(self._closed_error())
 
@@ -262,39 +288,92 @@ class TcpListener(Listener):
 class TcpTransport(Transport):
     scheme = "tcp"
 
+    def _client_ssl(self, address: Address) -> ssl.SSLContext | None:
+        return None
+
+    def _server_ssl(self, address: Address) -> ssl.SSLContext | None:
+        return None
+
     async def connect(self, address: Address) -> Connection:
         loop = asyncio.get_running_loop()
         host, port = address.host or "127.0.0.1", address.port
         if port is None:
-            raise ConnectionClosed(f"{address.url()}: a tcp:// URL needs a port")
+            raise ConnectionClosed(f"{address.url()}: a {self.scheme}:// URL needs a port")
+        context = self._client_ssl(address)
         try:
-            _, protocol = await loop.create_connection(lambda: _Protocol(self.limits), host, port)
-        except OSError as exc:
+            _, protocol = await loop.create_connection(
+                lambda: _Protocol(self.limits),
+                host,
+                port,
+                ssl=context,
+                server_hostname=host if context is not None else None,
+            )
+        except (OSError, ssl.SSLError) as exc:
             raise ConnectionClosed(f"cannot connect to {address.url()}: {exc}") from None
         return protocol.conn
 
     async def listen(self, address: Address, handler: ConnectionHandler) -> Listener:
         loop = asyncio.get_running_loop()
-        tasks: set[asyncio.Task[Any]] = set()
+        tasks: set[asyncio.Future[None]] = set()
 
-        def factory() -> _Protocol:
-            protocol = _Protocol(self.limits)
-            task = loop.create_task(_run_handler(handler, protocol.conn))
+        def start(conn: TcpConnection) -> None:
+            task: asyncio.Future[None] = asyncio.ensure_future(handler(conn))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
-            return protocol
+
+        def factory() -> _Protocol:
+            return _Protocol(self.limits, start)
 
         host = address.host or "127.0.0.1"
         try:
             server = await loop.create_server(
-                factory, host, address.port or 0, backlog=512, reuse_address=True
+                factory,
+                host,
+                address.port or 0,
+                backlog=512,
+                reuse_address=True,
+                ssl=self._server_ssl(address),
             )
         except OSError as exc:
             raise ConnectionClosed(f"cannot listen on {address.url()}: {exc}") from None
         bound = server.sockets[0].getsockname()
-        return TcpListener(server, Address("tcp", host, bound[1]).url())
+        return TcpListener(server, Address(self.scheme, host, bound[1]).url())
 
 
-async def _run_handler(handler: ConnectionHandler, conn: TcpConnection) -> None:
-    await asyncio.sleep(0)  # let connection_made run first
-    await handler(conn)
+class TlsTransport(TcpTransport):
+    """``tls://host:port``: the same, inside TLS (the standard library's ``ssl``).
+
+    The proxy's certificate and key, and the CA a client trusts, come from the URL
+    (``?cert=...&key=...``, ``?ca=...``) or the config file's ``[tls]`` table
+    (``cert``, ``key``, ``ca``); without a CA the client uses the system's trust store.
+    """
+
+    scheme = "tls"
+
+    @staticmethod
+    def _setting(address: Address, key: str) -> str | None:
+        if address.options.get(key):
+            return address.options[key]
+        value = load_config_file().get("tls", {}).get(key)
+        return str(value) if value else None
+
+    def _client_ssl(self, address: Address) -> ssl.SSLContext | None:
+        ca = self._setting(address, "ca")
+        try:
+            return ssl.create_default_context(cafile=ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"cannot load the CA file {ca}: {exc}") from None
+
+    def _server_ssl(self, address: Address) -> ssl.SSLContext | None:
+        cert, key = self._setting(address, "cert"), self._setting(address, "key")
+        if not cert:
+            raise ConfigError(
+                "a tls:// proxy needs a certificate: ?cert=...&key=... in the URL "
+                "or [tls] cert and key in gpuremote.toml"
+            )
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            context.load_cert_chain(cert, key)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"cannot load the certificate {cert}: {exc}") from None
+        return context
