@@ -381,7 +381,7 @@ def check_array(v: Any, name: str, lim: FrameLimits) -> ArrayDesc:
     if size * dt.itemsize > MAX_SIZE:
         raise BadCommand(f"argument {name!r} is too large")
     desc = ArrayDesc(handle, offset, tuple(shape), dt)
-    if len(_DESC_CACHE) > 65536:
+    if len(_DESC_CACHE) > 8192:  # bounded: hostile clients cannot grow it
         _DESC_CACHE.clear()
     _DESC_CACHE[key] = desc
     return desc
