@@ -106,6 +106,22 @@ def add_bench_parser(sub: Any) -> None:
     a.set_defaults(func=_api)
 
 
+def _target(args: argparse.Namespace) -> dict[str, Any]:
+    """Where the bench's proxy is (the options every bench shares)."""
+    return {"url": args.url, "transport": args.transport, "backend": args.backend}
+
+
+def _status(prefix: str, keys: tuple[str, ...]) -> Callable[[dict[str, Any]], RenderableType]:
+    """A one-line live view of a bench's progress."""
+
+    def view(state: dict[str, Any]) -> RenderableType:
+        from rich.text import Text
+
+        return Text(f"{prefix}: " + "  ".join(f"{k} {state[k]}" for k in keys if k in state))
+
+    return view
+
+
 def _drive(
     args: argparse.Namespace,
     view: Callable[[dict[str, Any]], RenderableType],
@@ -145,9 +161,7 @@ def _ping(args: argparse.Namespace) -> int:
     from .render import ping_view
 
     cfg = PingConfig(
-        url=args.url,
-        transport=args.transport,
-        backend=args.backend,
+        **_target(args),
         size=args.size,
         count=args.count,
         duration=args.duration,
@@ -190,9 +204,7 @@ def _throughput(args: argparse.Namespace) -> int:
     from .throughput import DEFAULT_SIZES, ThroughputConfig, run_throughput
 
     cfg = ThroughputConfig(
-        url=args.url,
-        transport=args.transport,
-        backend=args.backend,
+        **_target(args),
         sizes=args.sizes or list(DEFAULT_SIZES),
         baseline=args.baseline,
         min_reps=args.min_reps,
@@ -223,9 +235,7 @@ def _api(args: argparse.Namespace) -> int:
     from .api import ApiConfig, run_api
 
     cfg = ApiConfig(
-        url=args.url,
-        transport=args.transport,
-        backend=args.backend,
+        **_target(args),
         calls=args.calls,
         rounds=args.rounds,
     )
@@ -266,19 +276,13 @@ def _load(args: argparse.Namespace) -> int:
     from .load import LoadConfig, run_load
 
     cfg = LoadConfig(
-        url=args.url,
-        transport=args.transport,
-        backend=args.backend,
+        **_target(args),
         clients=args.clients,
         ops=args.ops,
         sync_every=args.sync_every,
     )
 
-    def view(state: dict[str, Any]) -> RenderableType:
-        from rich.text import Text
-
-        return Text(str(state))
-
+    view = _status("gpuremote bench load", ("finished", "clients"))
     result = _drive(args, view, lambda report: run_load(cfg, report))
     if args.json:
         _print_json(result)
@@ -320,18 +324,14 @@ def _fuzz(args: argparse.Namespace) -> int:
     from .fuzz import FuzzConfig, run_fuzz
 
     cfg = FuzzConfig(
-        url=args.url,
-        transport=args.transport,
-        backend=args.backend,
+        **_target(args),
         seconds=args.seconds,
         seed=args.seed,
     )
 
-    def view(state: dict[str, Any]) -> RenderableType:
-        from rich.text import Text
-
-        return Text("gpuremote bench fuzz: " + ", ".join(f"{k} {v}" for k, v in state.items()))
-
+    view = _status(
+        "gpuremote bench fuzz", ("connections", "frames", "control_checks", "control_failures")
+    )
     result = _drive(args, view, lambda report: run_fuzz(cfg, report))
     ok = result["control_failures"] == 0
     if args.json:

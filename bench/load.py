@@ -88,9 +88,18 @@ async def run_load(
         sync_lat: list[int] = []
         all_lat: list[int] = []
         t0 = time.perf_counter()
+        finished = 0
+
+        async def client(i: int) -> tuple[int, bool]:
+            nonlocal finished
+            try:
+                return await _client(target.url, cfg, i, sync_lat, all_lat)
+            finally:
+                finished += 1
+                report({"finished": finished, "clients": cfg.clients})
+
         results = await asyncio.gather(
-            *(_client(target.url, cfg, i, sync_lat, all_lat) for i in range(cfg.clients)),
-            return_exceptions=True,
+            *(client(i) for i in range(cfg.clients)), return_exceptions=True
         )
         elapsed = time.perf_counter() - t0
         errors = [r for r in results if isinstance(r, BaseException)]
