@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -14,16 +15,12 @@ from gpuremote.proxy import Proxy
 
 __all__ = ["Target", "open_target"]
 
-_LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", ""}
-
 
 @dataclass
 class Target:
     url: str
     transport: str
-    started: bool  # the bench started this proxy
     proxy_pid: int | None  # for memory figures, when the proxy is a local process
-    local_host: bool
 
     @property
     def host(self) -> str:
@@ -35,31 +32,23 @@ class Target:
 async def open_target(
     url: str | None, transport: str = "tcp", backend: str = "auto"
 ) -> AsyncIterator[Target]:
-    """Use the proxy at ``url`` (else ``GPUREMOTE_URL`` or the config file's), or start one."""
-    import os
-
+    """Use the proxy at ``url`` (else ``GPUREMOTE_URL`` or the config file's), or start one
+    (with ``serve --bench-echo``, so that the baselines run beside it)."""
     url = url or os.environ.get("GPUREMOTE_URL") or load_config_file().get("url")
     if url:
-        addr = Address.parse(url)
-        yield Target(
-            url,
-            addr.scheme.split("+")[-1],
-            False,
-            None,
-            addr.host in _LOCAL_HOSTS or addr.host.startswith("127.") or addr.scheme == "inproc",
-        )
+        yield Target(url, Address.parse(url).scheme, None)
         return
     if transport == "inproc":
         proxy = Proxy(backend, bench_echo=True)
         bound = await proxy.start("inproc://bench")
         try:
-            yield Target(bound, "inproc", True, os.getpid(), True)
+            yield Target(bound, "inproc", os.getpid())
         finally:
             await proxy.close()
         return
     local = LocalProxy(transport, backend, extra_args=("--bench-echo", "--quiet"))
     try:
         bound = local.start()
-        yield Target(bound, transport, True, local.pid, True)
+        yield Target(bound, transport, local.pid)
     finally:
         local.stop()

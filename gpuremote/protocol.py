@@ -20,7 +20,7 @@ import msgpack
 import numpy as np
 
 from .calls import CALLS_BY_OPCODE, Arg, CallSpec
-from .errors import LimitExceeded, LocalProtocolError, RemoteProtocolError
+from .errors import LimitExceeded, RemoteProtocolError
 from .framing import Frame, FrameLimits
 
 __all__ = [
@@ -474,9 +474,3 @@ _SCHEMA: dict[int, tuple[CallSpec, tuple[tuple[str, Any], ...]]] = {
     op: (spec, tuple((name, _CHECKS[kind]) for name, kind in spec.args))
     for op, spec in CALLS_BY_OPCODE.items()
 }
-
-
-def check_local(ok: bool, message: str) -> None:
-    """Raise ``LocalProtocolError`` unless ``ok`` (for client-side checks)."""
-    if not ok:
-        raise LocalProtocolError(message)
