@@ -35,7 +35,13 @@ REGISTRY: dict[str, tuple[str, str, str | None]] = {
 
 
 def get_transport(scheme: str, limits: FrameLimits = FrameLimits()) -> Transport:
-    """The transport for ``scheme``; raises ``TransportUnavailable`` if unknown or not installed."""
+    """The transport for ``scheme``; raises ``TransportUnavailable`` if unknown or not installed.
+
+    ``emu+SCHEME`` wraps SCHEME's transport in an emulated link (``transports.emulated``)."""
+    if scheme.startswith("emu+"):
+        from .emulated import EmulatedTransport
+
+        return EmulatedTransport(limits, get_transport(scheme[4:], limits))
     entry = REGISTRY.get(scheme)
     if entry is None:
         known = ", ".join(f"{s}://" for s in sorted(REGISTRY))

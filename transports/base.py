@@ -97,7 +97,7 @@ class Connection(abc.ABC):
                 self.close()
                 on_lost(exc)
 
-        self._pump = asyncio.get_running_loop().create_task(pump())
+        self._pump_task = asyncio.get_running_loop().create_task(pump())
 
     def pause_reading(self) -> None:  # noqa: B027 - optional
         """Stop taking frames from the network until ``resume_reading()`` (backpressure)."""
