@@ -154,6 +154,78 @@ def _top(args: argparse.Namespace) -> int:
     )
 
 
+def _trace(args: argparse.Namespace) -> int:
+    import time
+
+    from . import aio
+    from .local import connect_local
+    from .model import save_trace
+    from .workloads import WORKLOADS
+
+    async def run() -> tuple[float, list[Any]]:
+        gpu = connect_local(args.backend)
+        t0 = time.perf_counter()
+        await WORKLOADS[args.workload](gpu)
+        seconds = time.perf_counter() - t0
+        trace = list(gpu._session.trace)  # type: ignore[attr-defined]
+        await gpu.aclose()
+        return seconds, trace
+
+    seconds, trace = aio.run(run())
+    save_trace(args.output, trace, workload=args.workload, backend=args.backend, local_s=seconds)
+    kinds = {k: sum(1 for t in trace if t.klass == k) for k in ("local", "async", "sync")}
+    print(
+        f"{args.workload}: {len(trace)} calls ({kinds}), {seconds:.3f} s locally; "
+        f"trace written to {args.output}"
+    )
+    return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    import json
+
+    from .model import Costs, load_trace, predict
+    from .transports.emulated import parse_bandwidth, parse_duration
+
+    trace, meta = load_trace(args.trace)
+    rtt = parse_duration(args.rtt)
+    bw = parse_bandwidth(args.bw) if args.bw else None
+    costs = Costs(
+        client_per_call=parse_duration(args.client_overhead),
+        proxy_per_call=parse_duration(args.proxy_overhead),
+    )
+    out = {}
+    for optimized in (True, False):
+        p = predict(trace, rtt, bw, optimized=optimized, costs=costs)
+        out["optimized" if optimized else "unoptimized"] = {
+            "predicted_s": p.seconds,
+            "local_s": p.local_seconds,
+            "slowdown": p.slowdown,
+            "round_trips": p.round_trips,
+        }
+    result = {
+        "trace": args.trace,
+        "workload": meta.get("workload"),
+        "rtt_us": rtt * 1e6,
+        "bw_gbit": None if bw is None else bw / 1e9,
+        **out,
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(
+        f"{result['workload']} over RTT {rtt * 1e6:g} µs, "
+        f"{'unlimited' if bw is None else f'{bw / 1e9:g} Gbit/s'}:"
+    )
+    for key in ("optimized", "unoptimized"):
+        r = out[key]
+        print(
+            f"  {key:11s}: {r['predicted_s']:.4f} s (local {r['local_s']:.4f} s), "
+            f"slowdown {100 * r['slowdown']:+.1f}%, {r['round_trips']} round trips"
+        )
+    return 0
+
+
 def _info(args: argparse.Namespace) -> int:
     import json
 
@@ -242,6 +314,21 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--once", action="store_true", help="print one snapshot and exit")
     t.add_argument("--json", action="store_true", help="with --once: as JSON")
     t.set_defaults(func=_top)
+
+    tr = sub.add_parser("trace", help="record a workload's call trace from a local run")
+    tr.add_argument("workload", choices=["mlp", "transformer", "upload"])
+    tr.add_argument("-o", "--output", default="trace.json")
+    tr.add_argument("--backend", default="numpy")
+    tr.set_defaults(func=_trace)
+
+    pr = sub.add_parser("predict", help="predict a traced workload's time over a network")
+    pr.add_argument("trace", help="a file from `gpuremote trace`")
+    pr.add_argument("--rtt", default="10us", help="round-trip time, e.g. 10us")
+    pr.add_argument("--bw", default=None, help="bandwidth, e.g. 100gbit (default: unlimited)")
+    pr.add_argument("--client-overhead", default="0", help="client cost per remote call")
+    pr.add_argument("--proxy-overhead", default="0", help="proxy cost per call")
+    pr.add_argument("--json", action="store_true")
+    pr.set_defaults(func=_predict)
 
     i = sub.add_parser("info", help="print the proxy's device properties")
     i.add_argument("--url", default=None)

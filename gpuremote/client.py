@@ -218,7 +218,7 @@ class RemoteArray:
         session = self._gpu._session
         host = self._buf.host
         if host is not None and self._gpu.config.shadow:
-            session.count_local()
+            session.count_local(shadow_bytes=self.nbytes)
             part = host[self.offset : self.offset + self.nbytes]
             return part.view(self.dtype).reshape(self.shape).copy()
         value, bufs = await session.call(_C["copy_d2h"], self._gpu._stream(stream), [self._desc()])

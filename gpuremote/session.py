@@ -101,7 +101,8 @@ class Session:
         self._handle += 1
         return self._handle
 
-    def count_local(self, n: int = 1) -> None:
+    def count_local(self, n: int = 1, shadow_bytes: int = 0) -> None:
+        """Count a call answered on the client (``shadow_bytes``: what it saved moving)."""
         self.counters.calls["local"] += n
 
     @property

@@ -1,0 +1,188 @@
+"""Local execution: the same client API on the same backend, in-process, with no remoting.
+
+``connect_local()`` returns a ``GPU`` whose calls run at once on an ``Executor`` in this
+process: no protocol, no transport, no pipeline. It is the baseline that remote runs are
+compared with, and it records the call trace that the overhead model replays
+(``gpuremote.model``): for each call its class, bytes each way, the client's time since the
+previous call returned, and the time the call ran on the device.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from .backends import Backend, get_backend
+from .calls import CALLS_BY_NAME, Arg, CallSpec
+from .client import GPU
+from .config import PipelineConfig
+from .errors import ConnectionClosed, RemoteCallError
+from .executor import Executor
+from .framing import byte_view
+from .protocol import DTYPES, ArrayDesc, Command, ErrorInfo
+from .session import BUFFER, Counters
+
+__all__ = ["DirectSession", "TraceEntry", "connect_local"]
+
+_FREE = CALLS_BY_NAME["free"]
+
+
+@dataclass(frozen=True, slots=True)
+class TraceEntry:
+    """One call of a recorded run."""
+
+    call: str
+    klass: str  # local | async | sync, as made with the optimisations on
+    bytes_out: int  # client to device
+    bytes_in: int  # device to client
+    gap_s: float  # client time since the previous call returned
+    device_s: float  # time the call ran (on the NumPy backend: on this CPU)
+    shadow_bytes: int = 0  # a get() answered from the host copy: bytes it would move
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _desc(wire: list[Any]) -> ArrayDesc:
+    handle, offset, shape, dtype = wire
+    return ArrayDesc(handle, offset, tuple(shape), DTYPES[dtype])
+
+
+def _direct_args(spec: CallSpec, args: list[Any]) -> tuple[Any, ...]:
+    out: list[Any] = []
+    for (_, kind), a in zip(spec.args, args, strict=True):
+        if kind is Arg.ARRAY:
+            out.append(_desc(a))
+        elif kind is Arg.ARRAYS:
+            out.append(tuple(_desc(w) for w in a))
+        elif kind is Arg.KERNEL_ARGS:
+            out.append(
+                tuple(("a", _desc(k[1])) if k[0] == "a" else ("s", DTYPES[k[1]], k[2]) for k in a)
+            )
+        elif kind is Arg.BUFFER:
+            out.append(0)
+        elif kind is Arg.DIMS:
+            out.append(tuple(a))
+        else:
+            out.append(a)
+    return tuple(out)
+
+
+class DirectSession:
+    """What ``GPU`` needs of a session, run directly on an executor (see the module doc)."""
+
+    def __init__(
+        self, backend: Backend, config: PipelineConfig = PipelineConfig(), record: bool = True
+    ) -> None:
+        self.executor = Executor(backend)
+        self.config = config
+        self.counters = Counters()
+        self.trace: list[TraceEntry] | None = [] if record else None
+        self._seq = 0
+        self._handle = 0
+        self._closed = False
+        self._last = time.perf_counter()
+        self._to_free: list[int] = []
+        self.notices: list[Any] = []
+
+    # -- what GPU uses ---------------------------------------------------------------------
+    def new_handle(self) -> int:
+        self._handle += 1
+        return self._handle
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def count_local(self, n: int = 1, shadow_bytes: int = 0) -> None:
+        self.counters.calls["local"] += n
+        now = time.perf_counter()
+        if self.trace is not None:
+            self.trace.append(
+                TraceEntry("local", "local", 0, 0, now - self._last, 0.0, shadow_bytes)
+            )
+        self._last = time.perf_counter()
+
+    def _run(
+        self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None
+    ) -> tuple[Any, list[memoryview]]:
+        if self._closed:
+            raise ConnectionClosed("the local session is closed")
+        start = time.perf_counter()
+        if self._to_free:
+            self._free_released()
+        self._seq += 1
+        bufs = [buffer.toreadonly()] if buffer is not None else []  # never adopted: copied
+        cmd = Command(self._seq, spec, stream, _direct_args(spec, args), False)
+        t0 = time.perf_counter()
+        replies, out = self.executor.execute([cmd], bufs)
+        device = time.perf_counter() - t0
+        klass = spec.klass.value
+        self.counters.calls[klass] += 1
+        if self.trace is not None:
+            nin = sum(b.nbytes for b in out)
+            nout = buffer.nbytes if buffer is not None else 0
+            self.trace.append(TraceEntry(spec.name, klass, nout, nin, start - self._last, device))
+        result: tuple[Any, list[memoryview]] = (None, [])
+        if replies:
+            reply = replies[0]
+            if not reply.ok:
+                e: ErrorInfo = reply.value
+                self._last = time.perf_counter()
+                raise RemoteCallError(
+                    e.message,
+                    call=e.call,
+                    op=e.op,
+                    seq=e.seq,
+                    kind=e.kind,
+                    deferred=e.deferred,
+                    skipped=e.skipped,
+                )
+            # a device-to-host copy: the client gets its own memory
+            result = (reply.value, [byte_view(np.array(b, copy=True)) for b in out])
+        self._last = time.perf_counter()
+        return result
+
+    def submit(
+        self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None = None
+    ) -> None:
+        self._run(spec, stream, [a if a is not BUFFER else 0 for a in args], buffer)
+
+    async def call(
+        self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None = None
+    ) -> tuple[Any, list[memoryview]]:
+        return self._run(spec, stream, [a if a is not BUFFER else 0 for a in args], buffer)
+
+    async def ack(
+        self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None = None
+    ) -> None:
+        self._run(spec, stream, [a if a is not BUFFER else 0 for a in args], buffer)
+
+    async def flush(self, wait: bool = False) -> None:
+        return None
+
+    def release(self, handle: int) -> None:
+        """Free ``handle`` before the next call (finalizers may run in the middle of one)."""
+        if not self._closed:
+            self._to_free.append(handle)
+
+    def _free_released(self) -> None:
+        frees, self._to_free = self._to_free, []
+        for handle in frees:
+            self.executor.execute([Command(0, _FREE, 0, (handle,), False)], [])
+
+    async def aclose(self) -> None:
+        self._closed = True
+        self.executor.close()
+
+
+def connect_local(backend: str | Backend = "numpy", *, record: bool = True) -> GPU:
+    """A ``GPU`` that runs every call at once, in this process, on ``backend``."""
+    be = get_backend(backend) if isinstance(backend, str) else backend
+    session = DirectSession(be, record=record)
+    info: dict[str, Any] = dict(be.device_info())
+    info.update(protocol=0, session=0, local=True)
+    return GPU(session, "local://", info)  # type: ignore[arg-type]

@@ -1,0 +1,96 @@
+"""The overhead model: replay a recorded call trace over a network of given RTT and bandwidth.
+
+As in the paper's model (see ``shared/notes/paper.md``), call by call: the client issues call
+``i`` after its own time since the previous call (``gap``); an ASYNC call costs the client only
+its send and travels to the device, which runs calls in order, in parallel with the client; a
+SYNC call also waits for the device queue to reach it and for its reply to come back. A
+message takes ``rtt / 2`` plus ``bytes * 8 / bw`` on the wire. Unlike the paper's code, latency
+is pipelined (consecutive messages do not wait for each other's arrival), as on a real link;
+bandwidth is serialised per direction. With the optimisations off, every call is a round
+trip, and ``get()``s answered from host copies move their bytes.
+
+``Costs`` holds what the real software adds per call (client send, proxy handling) and the
+round trip of the real path underneath an emulated link, for comparing with measurements.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .local import TraceEntry
+
+__all__ = ["Costs", "Prediction", "load_trace", "predict", "save_trace"]
+
+
+@dataclass(frozen=True, slots=True)
+class Costs:
+    """Software costs of the remoting path itself (all in seconds)."""
+
+    client_per_call: float = 0.0  # the client's own cost of making a remote call
+    proxy_per_call: float = 0.0  # the proxy's cost of decoding and dispatching one call
+    base_rtt: float = 0.0  # round trip of the real path under the emulated link
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    seconds: float
+    local_seconds: float
+    round_trips: int
+
+    @property
+    def slowdown(self) -> float:
+        return self.seconds / self.local_seconds - 1 if self.local_seconds else 0.0
+
+
+def predict(
+    trace: Sequence[TraceEntry],
+    rtt_s: float,
+    bw_bps: float | None,
+    *,
+    optimized: bool = True,
+    costs: Costs = Costs(),
+) -> Prediction:
+    """Predicted time of ``trace`` remoted over (``rtt_s``, ``bw_bps``)."""
+    half = (rtt_s + costs.base_rtt) / 2
+
+    def wire(nbytes: int) -> float:
+        return 0.0 if not bw_bps else nbytes * 8 / bw_bps
+
+    client = 0.0  # when the client is free to issue its next call
+    up = down = 0.0  # when each direction of the link is free
+    device = 0.0  # when the device has run everything sent to it
+    trips = 0
+    local = 0.0
+    for c in trace:
+        local += c.gap_s + c.device_s
+        client += c.gap_s
+        kind = c.klass
+        nout, nin = c.bytes_out, c.bytes_in
+        if kind == "local":
+            if optimized or not c.shadow_bytes:
+                continue
+            kind, nin = "sync", c.shadow_bytes  # without shadowing, a real transfer
+        if not optimized:
+            kind = "sync"
+        client += costs.client_per_call
+        up = max(client, up) + wire(nout)
+        device = max(up + half, device) + costs.proxy_per_call + c.device_s
+        if kind == "sync":
+            down = max(device, down) + wire(nin)
+            client = down + half
+            trips += 1
+    return Prediction(max(client, 0.0), local, trips)
+
+
+def save_trace(path: str | Path, trace: Iterable[TraceEntry], **meta: Any) -> None:
+    """Write a trace as JSON: ``{"meta": {...}, "calls": [...]}``."""
+    Path(path).write_text(json.dumps({"meta": meta, "calls": [t.as_dict() for t in trace]}))
+
+
+def load_trace(path: str | Path) -> tuple[list[TraceEntry], dict[str, Any]]:
+    data = json.loads(Path(path).read_text())
+    return [TraceEntry(**c) for c in data["calls"]], dict(data.get("meta", {}))

@@ -1,0 +1,85 @@
+"""AI workloads on the client API, with synthetic data: the same code runs locally
+(``gpuremote.local.connect_local``, the baseline) and through a proxy.
+
+- ``mlp``: MLP training steps (forward, backward, SGD update), the loss read back each step.
+- ``transformer``: inference of a transformer block at batch 1 (layer norm, attention with
+  softmax, GEMMs, GELU): many small kernels, one read-back per step; latency-bound.
+- ``upload``: a large input batch uploaded every step and reduced; bandwidth-bound.
+
+Each returns a small array to compare runs with; sizes are keyword arguments, with defaults
+that take on the order of a second locally on a 2-core CPU.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+
+import numpy as np
+
+from .client import GPU, RemoteArray
+from .demo import mlp_data, train_remote
+
+__all__ = ["WORKLOADS", "mlp", "transformer", "upload"]
+
+
+async def mlp(
+    gpu: GPU, steps: int = 40, batch: int = 256, din: int = 64, hidden: int = 256, dout: int = 16
+) -> np.ndarray:
+    data = mlp_data(batch=batch, din=din, hidden=hidden, dout=dout)
+    result = await train_remote(gpu, data, steps)
+    return np.asarray(result.losses)
+
+
+async def transformer(
+    gpu: GPU, steps: int = 30, seq: int = 32, d_model: int = 128, heads: int = 4
+) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    dh = d_model // heads
+
+    def weight(*shape: int) -> RemoteArray:
+        return gpu.asarray((rng.standard_normal(shape) / math.sqrt(shape[0])).astype(np.float32))
+
+    wq, wk, wv, wo = (weight(d_model, d_model) for _ in range(4))
+    w1, w2 = weight(d_model, 4 * d_model), weight(4 * d_model, d_model)
+    g1 = gpu.asarray(np.ones(d_model, np.float32))
+    b1 = gpu.asarray(np.zeros(d_model, np.float32))
+    x = gpu.asarray(rng.standard_normal((seq, d_model)).astype(np.float32))
+    outs = []
+    for _ in range(steps):
+        h = gpu.op("layer_norm", x, g1, b1)
+
+        def split(t: RemoteArray) -> RemoteArray:  # (seq, d) -> (heads, seq, dh)
+            return gpu.transpose(t.reshape(seq, heads, dh), axes=(1, 0, 2))
+
+        q, k, v = split(gpu.matmul(h, wq)), split(gpu.matmul(h, wk)), split(gpu.matmul(h, wv))
+        scores = gpu.multiply(gpu.matmul(q, gpu.transpose(k, axes=(0, 2, 1))), 1 / math.sqrt(dh))
+        attn = gpu.matmul(gpu.softmax(scores), v)  # (heads, seq, dh)
+        merged = gpu.transpose(attn, axes=(1, 0, 2)).reshape(seq, d_model)
+        x = gpu.add(x, gpu.matmul(merged, wo))
+        h2 = gpu.op("layer_norm", x, g1, b1)
+        x = gpu.add(x, gpu.matmul(gpu.op("gelu", gpu.matmul(h2, w1)), w2))
+        last = await gpu.sum(x, axis=1).get()  # the step's one synchronous read-back
+        outs.append(float(last[-1]))
+    return np.asarray(outs)
+
+
+async def upload(
+    gpu: GPU, steps: int = 20, batch_mb: float = 8.0, features: int = 256
+) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    rows = max(1, int(batch_mb * 2**20 / (4 * features)))
+    w = gpu.asarray((rng.standard_normal((features, 1)) / features).astype(np.float32))
+    outs = []
+    for i in range(steps):
+        host = np.full((rows, features), 1.0 + i / steps, np.float32)  # a new batch each step
+        xb = gpu.asarray(host)
+        outs.append(float(await gpu.mean(gpu.matmul(xb, w)).get()))
+    return np.asarray(outs)
+
+
+WORKLOADS: dict[str, Callable[..., Awaitable[np.ndarray]]] = {
+    "mlp": mlp,
+    "transformer": transformer,
+    "upload": upload,
+}

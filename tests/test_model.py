@@ -1,0 +1,134 @@
+"""Local runs, call traces, the overhead model and the workloads."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import gpuremote
+from gpuremote.local import TraceEntry, connect_local
+from gpuremote.model import Costs, load_trace, predict, save_trace
+from gpuremote.workloads import WORKLOADS
+
+SMALL = {
+    "mlp": {"steps": 3, "batch": 16, "din": 8, "hidden": 16, "dout": 4},
+    "transformer": {"steps": 2, "seq": 8, "d_model": 16, "heads": 2},
+    "upload": {"steps": 3, "batch_mb": 0.25, "features": 32},
+}
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+async def test_workloads_give_the_same_result_locally_and_remotely(name: str, url: str) -> None:
+    local = connect_local("numpy")
+    expected = await WORKLOADS[name](local, **SMALL[name])
+    await local.aclose()
+    async with gpuremote.connect(url) as gpu:
+        got = await WORKLOADS[name](gpu, **SMALL[name])
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
+async def test_trace_records_classes_bytes_and_times() -> None:
+    gpu = connect_local("numpy")
+    x = gpu.asarray(np.ones(1000, np.float32))  # alloc + copy_h2d: 4000 bytes out
+    y = gpu.exp(x)
+    await y.get()  # sync: 4000 bytes in
+    await x.get()  # shadow: local
+    trace = gpu._session.trace  # type: ignore[attr-defined]
+    assert [(t.call, t.klass) for t in trace] == [
+        ("alloc", "async"),
+        ("copy_h2d", "async"),
+        ("alloc", "async"),
+        ("launch", "async"),
+        ("copy_d2h", "sync"),
+        ("local", "local"),
+    ]
+    assert trace[1].bytes_out == 4000 and trace[4].bytes_in == 4000
+    assert trace[5].shadow_bytes == 4000
+    assert all(t.gap_s >= 0 and t.device_s >= 0 for t in trace)
+    await gpu.aclose()
+
+
+async def test_mlp_training_step_makes_one_synchronous_round_trip() -> None:
+    gpu = connect_local("numpy")
+    await WORKLOADS["mlp"](gpu, **SMALL["mlp"])
+    trace = gpu._session.trace  # type: ignore[attr-defined]
+    steps = SMALL["mlp"]["steps"]
+    syncs = sum(1 for t in trace if t.klass == "sync")
+    assert syncs == steps + 2  # the loss each step, and the two weights at the end
+    opt, unopt = predict(trace, 1e-5, None), predict(trace, 1e-5, None, optimized=False)
+    assert opt.round_trips == syncs and unopt.round_trips == len(trace)
+    await gpu.aclose()
+
+
+def _calls(*specs: tuple[str, int, int, float, float]) -> list[TraceEntry]:
+    return [
+        TraceEntry("c", k, o, i, g, d)
+        for k, o, i, g, d in [(s[0], s[1], s[2], s[3], s[4]) for s in specs]
+    ]  # type: ignore[misc]
+
+
+def test_model_on_hand_made_traces() -> None:
+    rtt, bw = 100e-6, 8e9  # 1 GB/s
+    asyncs = [("async", 0, 0, 0.0, 0.0)] * 100
+    p = predict(_calls(*asyncs, ("sync", 0, 8, 0.0, 0.0)), rtt, None)
+    assert p.seconds == pytest.approx(rtt) and p.round_trips == 1  # latency is pipelined
+    p = predict(_calls(*asyncs, ("sync", 0, 8, 0.0, 0.0)), rtt, None, optimized=False)
+    assert p.seconds == pytest.approx(101 * rtt) and p.round_trips == 101
+    p = predict(_calls(("sync", 0, 1_000_000, 0.0, 0.0)), rtt, bw)
+    assert p.seconds == pytest.approx(rtt + 1e-3)  # the reply's wire time
+    p = predict(_calls(("async", 2_000_000, 0, 0.0, 0.0), ("sync", 0, 0, 0.0, 0.0)), rtt, bw)
+    assert p.seconds == pytest.approx(2e-3 + rtt)  # upload, then the sync behind it
+    # the device runs in parallel with the client: 10 launches of 1 ms each, 1 ms apart
+    launches = [("async", 0, 0, 1e-3, 1e-3)] * 10
+    p = predict(_calls(*launches, ("sync", 0, 0, 0.0, 0.0)), 0.0, None)
+    assert p.local_seconds == pytest.approx(20e-3)
+    assert p.seconds == pytest.approx(11e-3)
+    costs = Costs(client_per_call=1e-6, proxy_per_call=2e-6, base_rtt=50e-6)
+    p = predict(_calls(("sync", 0, 0, 0.0, 0.0)), rtt, None, costs=costs)
+    assert p.seconds == pytest.approx(1e-6 + 2e-6 + rtt + 50e-6)
+    shadow = [TraceEntry("local", "local", 0, 0, 0.0, 0.0, 1_000_000)]
+    assert predict(shadow, rtt, bw).seconds == 0.0
+    assert predict(shadow, rtt, bw, optimized=False).seconds == pytest.approx(rtt + 1e-3)
+
+
+def test_trace_and_predict_commands(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    out = subprocess.run(
+        [sys.executable, "-m", "gpuremote", "trace", "transformer", "-o", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    trace, meta = load_trace(path)
+    assert meta["workload"] == "transformer" and meta["local_s"] > 0 and len(trace) > 100
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuremote",
+            "predict",
+            str(path),
+            "--rtt",
+            "20us",
+            "--bw",
+            "100gbit",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["rtt_us"] == pytest.approx(20) and result["bw_gbit"] == pytest.approx(100)
+    remote_calls = sum(1 for t in trace if t.klass != "local" or t.shadow_bytes)
+    assert result["unoptimized"]["round_trips"] == remote_calls  # views stay local
+    assert result["optimized"]["predicted_s"] <= result["unoptimized"]["predicted_s"]
+    save_trace(tmp_path / "again.json", trace, workload="x")
+    assert load_trace(tmp_path / "again.json")[0] == trace
