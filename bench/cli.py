@@ -99,6 +99,23 @@ def add_bench_parser(sub: Any) -> None:
     fz.add_argument("--seed", type=int, default=0)
     fz.set_defaults(func=_fuzz)
 
+    rq = bs.add_parser("requirements", help="latency and bandwidth each workload needs")
+    _common(rq)
+    rq.set_defaults(backend="numpy")
+    rq.add_argument("--workloads", default="mlp,transformer,upload")
+    rq.add_argument("--rtts", default=None, help="emulated RTTs in µs (default 10,100,1000)")
+    rq.add_argument("--bws", default=None, help="bandwidths in Gbit/s (default 1,10,100)")
+    rq.add_argument("--tolerance", type=float, default=0.05)
+    rq.add_argument("--repeats", type=int, default=3)
+    rq.add_argument("--quick", action="store_true", help="a reduced grid and smaller workloads")
+    rq.add_argument(
+        "--plot",
+        default="requirements.png",
+        metavar="PNG",
+        help="where to write the plot (needs matplotlib: the [plot] extra)",
+    )
+    rq.set_defaults(func=_requirements)
+
     a = bs.add_parser("api", help="calls per second: synchronous versus pipelined")
     _common(a)
     a.add_argument("--calls", type=int, default=10_000)
@@ -339,3 +356,62 @@ def _fuzz(args: argparse.Namespace) -> int:
     else:
         Console().print(result)
     return 0 if ok else 1
+
+
+def _requirements(args: argparse.Namespace) -> int:
+    from .requirements import RequirementsConfig, plot, run_requirements
+
+    def floats(text: str | None, default: list[float]) -> list[float]:
+        return default if not text else [float(x) for x in text.split(",")]
+
+    quick = args.quick
+    cfg = RequirementsConfig(
+        **_target(args),
+        workloads=args.workloads.split(","),
+        rtts_us=floats(args.rtts, [10, 1000] if quick else [10, 100, 1000]),
+        bws_gbit=floats(args.bws, [10] if quick else [1, 10, 100]),
+        tolerance=args.tolerance,
+        quick=quick,
+        repeats=1 if quick else args.repeats,
+    )
+    view = _status("gpuremote bench requirements", ("workload", "done", "total"))
+    result = _drive(args, view, lambda report: run_requirements(cfg, report))
+    result["plot"] = args.plot if args.plot and plot(result, args.plot) else None
+    if args.json:
+        _print_json(result)
+        return 0
+    from rich.table import Table
+
+    console = Console()
+    for w in result["workloads"]:
+        t = Table(title=f"{w['name']}: local {w['local_s'] * 1e3:.1f} ms", title_justify="left")
+        for col in (
+            "RTT µs",
+            "Gbit/s",
+            "optimised",
+            "measured ms",
+            "model ms",
+            "slowdown",
+            "model error",
+        ):
+            t.add_column(col, justify="right")
+        for p in w["points"]:
+            t.add_row(
+                f"{p['rtt_us']:g}",
+                f"{p['bw_gbit']:g}",
+                "yes" if p["optimized"] else "no",
+                f"{p['measured_s'] * 1e3:.1f}",
+                f"{p['predicted_s'] * 1e3:.1f}",
+                f"{100 * p['slowdown']:+.0f}%",
+                f"{100 * p['model_error']:+.0f}%",
+            )
+        console.print(t)
+        req = w["min_requirement"]
+        console.print(
+            f"  within {100 * result['tolerance']:.0f}%: optimised {req['optimized']}, "
+            f"unoptimised {req['unoptimized']}; synchronous round trips per step "
+            f"{w['sync_round_trips_per_step']}"
+        )
+    if result["plot"]:
+        console.print(f"plot written to {result['plot']}")
+    return 0

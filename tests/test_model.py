@@ -132,3 +132,44 @@ def test_trace_and_predict_commands(tmp_path: Path) -> None:
     assert result["optimized"]["predicted_s"] <= result["unoptimized"]["predicted_s"]
     save_trace(tmp_path / "again.json", trace, workload="x")
     assert load_trace(tmp_path / "again.json")[0] == trace
+
+
+def test_bench_requirements_json_schema(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuremote",
+            "bench",
+            "requirements",
+            "--quick",
+            "--workloads",
+            "transformer",
+            "--rtts",
+            "50",
+            "--bws",
+            "10",
+            "--json",
+            "--plot",
+            str(tmp_path / "r.png"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["bench"] == "requirements" and result["tolerance"] == 0.05
+    (w,) = result["workloads"]
+    assert w["name"] == "transformer" and w["local_s"] > 0
+    assert {(p["rtt_us"], p["bw_gbit"], p["optimized"]) for p in w["points"]} == {
+        (50, 10, True),
+        (50, 10, False),
+    }
+    for p in w["points"]:
+        assert p["measured_s"] > 0 and p["predicted_s"] > 0
+        assert p["slowdown"] == pytest.approx(p["measured_s"] / w["local_s"] - 1)
+    assert set(w["min_requirement"]) == {"optimized", "unoptimized"}
+    assert set(w["min_requirement"]["optimized"]) == {"rtt_us", "bw_gbit"}
+    trips = w["sync_round_trips_per_step"]
+    assert trips["optimized"] == 1.0 and trips["unoptimized"] > trips["optimized"]

@@ -1,0 +1,226 @@
+"""``gpuremote bench requirements``: what latency and bandwidth each workload needs.
+
+For each workload: run it locally (in-process, same backend: the baseline) and record its
+trace; then run it remotely over emulated links across a grid of RTTs and bandwidths, with the
+optimisations on and off, and put the model's prediction beside each measurement. The model
+is given the link's round trip as measured by ping in the same run (the emulated setting plus
+the real path underneath) and the client's per-call cost measured once. The result names, per
+workload, the largest RTT and the smallest bandwidth at which the slowdown stays within the
+tolerance.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import gpuremote
+from gpuremote.local import connect_local
+from gpuremote.model import Costs, predict
+from gpuremote.workloads import WORKLOADS
+
+from .target import open_target
+
+__all__ = ["SIZES", "RequirementsConfig", "run_requirements"]
+
+#: workload sizes for the sweep (smaller than the workloads' own defaults, to keep it minutes)
+SIZES: dict[str, dict[str, Any]] = {
+    "mlp": {"steps": 20, "batch": 128, "din": 64, "hidden": 256, "dout": 16},
+    "transformer": {"steps": 10, "seq": 32, "d_model": 128, "heads": 4},
+    "upload": {"steps": 10, "batch_mb": 4.0, "features": 256},
+}
+QUICK_SIZES: dict[str, dict[str, Any]] = {
+    "mlp": {"steps": 8, "batch": 64, "din": 32, "hidden": 128, "dout": 8},
+    "transformer": {"steps": 4, "seq": 16, "d_model": 64, "heads": 4},
+    "upload": {"steps": 5, "batch_mb": 2.0, "features": 256},
+}
+
+
+@dataclass
+class RequirementsConfig:
+    url: str | None = None
+    transport: str = "tcp"
+    backend: str = "numpy"
+    workloads: list[str] = field(default_factory=lambda: sorted(WORKLOADS))
+    rtts_us: list[float] = field(default_factory=lambda: [10, 100, 1000])
+    bws_gbit: list[float] = field(default_factory=lambda: [1, 10, 100])
+    tolerance: float = 0.05
+    quick: bool = False
+    repeats: int = 3
+
+
+async def _timed(fn: Callable[..., Any], gpu: gpuremote.GPU, sizes: dict[str, Any]) -> float:
+    t0 = time.perf_counter()
+    await fn(gpu, **sizes)
+    return time.perf_counter() - t0
+
+
+async def _ping_rtt(url: str, n: int = 40) -> float:
+    async with gpuremote.connect(url) as gpu:
+        for _ in range(5):
+            await gpu.ping(b"x")
+        samples = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            await gpu.ping(b"12345678")
+            samples.append(time.perf_counter() - t0)
+    return float(np.median(samples))
+
+
+async def _client_cost(url: str, backend: str, n: int = 2000) -> float:
+    """What a remote ASYNC call costs the client beyond the same call made locally (whose
+    cost the trace's gaps already hold): measured, not modelled."""
+    async with gpuremote.connect(url) as gpu:
+        x = gpu.zeros(16, "float32")
+        await gpu.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            gpu.axpy(1.0, x, x)
+        remote = (time.perf_counter() - t0) / n
+        await gpu.synchronize()
+    local = connect_local(backend)
+    y = local.zeros(16, "float32")
+    for _ in range(n):
+        local.axpy(1.0, y, y)
+    trace = local._session.trace  # type: ignore[attr-defined]
+    gaps = sorted(t.gap_s for t in trace[-n:])
+    await local.aclose()
+    return max(0.0, remote - gaps[len(gaps) // 2])
+
+
+def _emu(url: str, rtt_us: float, bw_gbit: float) -> str:
+    return f"emu+{url}?rtt={rtt_us}us&bw={bw_gbit}gbit"
+
+
+def _requirement(points: list[dict[str, Any]], optimized: bool, tol: float) -> dict[str, Any]:
+    ok = [p for p in points if p["optimized"] == optimized and p["slowdown"] <= tol]
+    return {
+        "rtt_us": max((p["rtt_us"] for p in ok), default=None),
+        "bw_gbit": min((p["bw_gbit"] for p in ok), default=None),
+    }
+
+
+async def run_requirements(
+    cfg: RequirementsConfig, report: Callable[[dict[str, Any]], None] = lambda s: None
+) -> dict[str, Any]:
+    sizes = QUICK_SIZES if cfg.quick else SIZES
+    out: list[dict[str, Any]] = []
+    total = len(cfg.workloads) * len(cfg.rtts_us) * len(cfg.bws_gbit) * 2
+    done = 0
+    async with open_target(cfg.url, cfg.transport, cfg.backend) as target:
+        base_rtt = await _ping_rtt(target.url)
+        client_cost = await _client_cost(target.url, cfg.backend)
+        costs = Costs(client_per_call=client_cost)
+        for name in cfg.workloads:
+            fn = WORKLOADS[name]
+            local_times, trace = [], []
+            for _ in range(cfg.repeats):
+                gpu = connect_local(cfg.backend)
+                local_times.append(await _timed(fn, gpu, sizes[name]))
+                trace = list(gpu._session.trace)  # type: ignore[attr-defined]
+                await gpu.aclose()
+            local_s = float(np.median(local_times))
+            steps = int(sizes[name]["steps"])
+            points = []
+            for rtt in cfg.rtts_us:
+                for bw in cfg.bws_gbit:
+                    url = _emu(target.url, rtt, bw)
+                    link_rtt = await _ping_rtt(url)
+                    for optimized in (True, False):
+                        runs = []
+                        for _ in range(cfg.repeats):
+                            async with gpuremote.connect(
+                                url,
+                                async_calls=optimized,
+                                batching=optimized,
+                                shadow=optimized,
+                            ) as gpu:
+                                runs.append(await _timed(fn, gpu, sizes[name]))
+                        measured = float(np.median(runs))
+                        p = predict(trace, link_rtt, bw * 1e9, optimized=optimized, costs=costs)
+                        predicted = p.seconds
+                        points.append(
+                            {
+                                "rtt_us": rtt,
+                                "bw_gbit": bw,
+                                "optimized": optimized,
+                                "link_rtt_us": link_rtt * 1e6,
+                                "measured_s": measured,
+                                "predicted_s": predicted,
+                                "slowdown": measured / local_s - 1,
+                                "predicted_slowdown": predicted / local_s - 1,
+                                "model_error": predicted / measured - 1,
+                            }
+                        )
+                        done += 1
+                        report({"workload": name, "done": done, "total": total, "last": points[-1]})
+            remote_calls = sum(1 for t in trace if t.klass != "local" or t.shadow_bytes)
+            out.append(
+                {
+                    "name": name,
+                    "sizes": sizes[name],
+                    "local_s": local_s,
+                    "calls": len(trace),
+                    "points": points,
+                    "min_requirement": {
+                        "optimized": _requirement(points, True, cfg.tolerance),
+                        "unoptimized": _requirement(points, False, cfg.tolerance),
+                    },
+                    "sync_round_trips_per_step": {
+                        "optimized": sum(1 for t in trace if t.klass == "sync") / steps,
+                        "unoptimized": remote_calls / steps,
+                    },
+                }
+            )
+    errors = [abs(p["model_error"]) for w in out for p in w["points"]]
+    return {
+        "bench": "requirements",
+        "url": target.url,
+        "tolerance": cfg.tolerance,
+        "base_rtt_us": base_rtt * 1e6,
+        "client_per_call_us": client_cost * 1e6,
+        "max_model_error": max(errors, default=None),
+        "workloads": out,
+    }
+
+
+def plot(result: dict[str, Any], path: str) -> bool:
+    """Slowdown against RTT, one line per bandwidth, measured points and model lines (PNG)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    workloads = result["workloads"]
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 4), squeeze=False)
+    for ax, w in zip(axes[0], workloads, strict=True):
+        for optimized, style in ((True, "-"), (False, ":")):
+            bws = sorted({p["bw_gbit"] for p in w["points"]})
+            for bw in bws:
+                pts = sorted(
+                    (p for p in w["points"] if p["bw_gbit"] == bw and p["optimized"] == optimized),
+                    key=lambda p: p["rtt_us"],
+                )
+                x = [p["rtt_us"] for p in pts]
+                label = f"{bw:g} Gbit/s{'' if optimized else ', unoptimized'}"
+                line = ax.plot(
+                    x, [100 * p["predicted_slowdown"] for p in pts], style, label=f"model, {label}"
+                )[0]
+                ax.plot(x, [100 * p["slowdown"] for p in pts], "o", color=line.get_color())
+        ax.axhline(100 * result["tolerance"], color="grey", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_yscale("symlog")
+        ax.set_xlabel("emulated RTT (µs)")
+        ax.set_ylabel("slowdown vs local (%)")
+        ax.set_title(w["name"])
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
