@@ -29,9 +29,9 @@ __all__ = ["SIZES", "RequirementsConfig", "run_requirements"]
 
 #: workload sizes for the sweep (smaller than the workloads' own defaults, to keep it minutes)
 SIZES: dict[str, dict[str, Any]] = {
-    "mlp": {"steps": 20, "batch": 128, "din": 64, "hidden": 256, "dout": 16},
-    "transformer": {"steps": 10, "seq": 32, "d_model": 128, "heads": 4},
-    "upload": {"steps": 10, "batch_mb": 4.0, "features": 256},
+    "mlp": {"steps": 60, "batch": 128, "din": 64, "hidden": 256, "dout": 16},
+    "transformer": {"steps": 30, "seq": 32, "d_model": 128, "heads": 4},
+    "upload": {"steps": 20, "batch_mb": 4.0, "features": 256},
 }
 QUICK_SIZES: dict[str, dict[str, Any]] = {
     "mlp": {"steps": 8, "batch": 64, "din": 32, "hidden": 128, "dout": 8},
@@ -71,25 +71,42 @@ async def _ping_rtt(url: str, n: int = 40) -> float:
     return float(np.median(samples))
 
 
-async def _client_cost(url: str, backend: str, n: int = 2000) -> float:
-    """What a remote ASYNC call costs the client beyond the same call made locally (whose
-    cost the trace's gaps already hold): measured, not modelled."""
+async def _calibrate(url: str, backend: str, base_rtt: float, n: int = 2000) -> Costs:
+    """The remoting path's own costs, measured on the bare path (not fitted to the sweep):
+    what a remote ASYNC call costs the client and the proxy beyond the same call made
+    locally (whose costs the trace holds already), and the real path's bandwidth."""
+    local = connect_local(backend)
+    y = local.zeros(16, "float32")
+    for _ in range(n):
+        local.axpy(1.0, y, y)
+    trace = local._session.trace  # type: ignore[attr-defined]
+    gap = float(np.median([t.gap_s for t in trace[-n:]]))
+    device = float(np.median([t.device_s for t in trace[-n:]]))
+    await local.aclose()
     async with gpuremote.connect(url) as gpu:
         x = gpu.zeros(16, "float32")
         await gpu.synchronize()
         t0 = time.perf_counter()
         for _ in range(n):
             gpu.axpy(1.0, x, x)
-        remote = (time.perf_counter() - t0) / n
+        client = (time.perf_counter() - t0) / n
         await gpu.synchronize()
-    local = connect_local(backend)
-    y = local.zeros(16, "float32")
-    for _ in range(n):
-        local.axpy(1.0, y, y)
-    trace = local._session.trace  # type: ignore[attr-defined]
-    gaps = sorted(t.gap_s for t in trace[-n:])
-    await local.aclose()
-    return max(0.0, remote - gaps[len(gaps) // 2])
+        total = (time.perf_counter() - t0 - base_rtt) / n  # pipelined: the slower side's cost
+        size = 16 << 20
+        big = gpu.empty(size, "uint8")
+        data = np.ones(size, np.uint8)
+        await big.write(data)
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            await big.write(data)
+            times.append(time.perf_counter() - t0)
+        per = float(np.median(times)) - base_rtt
+    return Costs(
+        client_per_call=max(0.0, client - gap),
+        proxy_per_call=max(0.0, total - device),
+        base_bw=size / per if per > 0 else None,
+    )
 
 
 def _emu(url: str, rtt_us: float, bw_gbit: float) -> str:
@@ -113,14 +130,15 @@ async def run_requirements(
     done = 0
     async with open_target(cfg.url, cfg.transport, cfg.backend) as target:
         base_rtt = await _ping_rtt(target.url)
-        client_cost = await _client_cost(target.url, cfg.backend)
-        costs = Costs(client_per_call=client_cost)
+        costs = await _calibrate(target.url, cfg.backend, base_rtt)
         for name in cfg.workloads:
             fn = WORKLOADS[name]
             local_times, trace = [], []
-            for _ in range(cfg.repeats):
+            for i in range(cfg.repeats + 1):  # the first run warms caches up, uncounted
                 gpu = connect_local(cfg.backend)
-                local_times.append(await _timed(fn, gpu, sizes[name]))
+                t = await _timed(fn, gpu, sizes[name])
+                if i:
+                    local_times.append(t)
                 trace = list(gpu._session.trace)  # type: ignore[attr-defined]
                 await gpu.aclose()
             local_s = float(np.median(local_times))
@@ -132,14 +150,13 @@ async def run_requirements(
                     link_rtt = await _ping_rtt(url)
                     for optimized in (True, False):
                         runs = []
-                        for _ in range(cfg.repeats):
-                            async with gpuremote.connect(
-                                url,
-                                async_calls=optimized,
-                                batching=optimized,
-                                shadow=optimized,
-                            ) as gpu:
-                                runs.append(await _timed(fn, gpu, sizes[name]))
+                        async with gpuremote.connect(
+                            url, async_calls=optimized, batching=optimized, shadow=optimized
+                        ) as gpu:
+                            for i in range(cfg.repeats + 1):  # the first run: warm-up
+                                t = await _timed(fn, gpu, sizes[name])
+                                if i:
+                                    runs.append(t)
                         measured = float(np.median(runs))
                         p = predict(trace, link_rtt, bw * 1e9, optimized=optimized, costs=costs)
                         predicted = p.seconds
@@ -182,7 +199,9 @@ async def run_requirements(
         "url": target.url,
         "tolerance": cfg.tolerance,
         "base_rtt_us": base_rtt * 1e6,
-        "client_per_call_us": client_cost * 1e6,
+        "client_per_call_us": costs.client_per_call * 1e6,
+        "proxy_per_call_us": costs.proxy_per_call * 1e6,
+        "base_gbyte_s": None if costs.base_bw is None else costs.base_bw / 1e9,
         "max_model_error": max(errors, default=None),
         "workloads": out,
     }

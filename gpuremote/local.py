@@ -175,8 +175,7 @@ class DirectSession:
             t0 = time.perf_counter()
             self.executor.execute([Command(0, _FREE, 0, (handle,), False)], [])
             if self.trace is not None:
-                self.trace.append(TraceEntry("free", "async", 0, 0, 0.0,
-                                             time.perf_counter() - t0))
+                self.trace.append(TraceEntry("free", "async", 0, 0, 0.0, time.perf_counter() - t0))
 
     async def aclose(self) -> None:
         self._closed = True

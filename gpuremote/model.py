@@ -33,6 +33,7 @@ class Costs:
     client_per_call: float = 0.0  # the client's own cost of making a remote call
     proxy_per_call: float = 0.0  # the proxy's cost of decoding and dispatching one call
     base_rtt: float = 0.0  # round trip of the real path under the emulated link
+    base_bw: float | None = None  # bytes/s of the real path (its time adds to the link's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +59,8 @@ def predict(
     half = (rtt_s + costs.base_rtt) / 2
 
     def wire(nbytes: int) -> float:
-        return 0.0 if not bw_bps else nbytes * 8 / bw_bps
+        t = 0.0 if not bw_bps else nbytes * 8 / bw_bps
+        return t + (nbytes / costs.base_bw if costs.base_bw else 0.0)
 
     client = 0.0  # when the client is free to issue its next call
     up = down = 0.0  # when each direction of the link is free
