@@ -116,6 +116,14 @@ def add_bench_parser(sub: Any) -> None:
     )
     rq.set_defaults(func=_requirements)
 
+    em = bs.add_parser("emu", help="accuracy of the emulated link (emu+ URLs)")
+    _common(em)
+    em.set_defaults(backend="numpy")
+    em.add_argument("--rtts", default="100us,300us,1ms,3ms,10ms")
+    em.add_argument("--bws", default="100mbit,1gbit,10gbit")
+    em.add_argument("--pings", type=int, default=100)
+    em.set_defaults(func=_emu)
+
     a = bs.add_parser("api", help="calls per second: synchronous versus pipelined")
     _common(a)
     a.add_argument("--calls", type=int, default=10_000)
@@ -414,4 +422,43 @@ def _requirements(args: argparse.Namespace) -> int:
         )
     if result["plot"]:
         console.print(f"plot written to {result['plot']}")
+    return 0
+
+
+def _emu(args: argparse.Namespace) -> int:
+    from .emu import EmuConfig, run_emu
+
+    cfg = EmuConfig(
+        **_target(args), rtts=args.rtts.split(","), bws=args.bws.split(","), pings=args.pings
+    )
+    view = _status("gpuremote bench emu", ("setting", "added_us", "emulated_gbit"))
+    result = _drive(args, view, lambda report: run_emu(cfg, report))
+    if args.json:
+        _print_json(result)
+        return 0
+    from rich.table import Table
+
+    t = Table(title="emulated round trip (added to the bare path's)", title_justify="left")
+    for col in ("setting", "added µs", "error µs", "error"):
+        t.add_column(col, justify="right")
+    for r in result["rtt"]:
+        t.add_row(
+            r["setting"],
+            f"{r['added_us']:.1f}",
+            f"{r['error_us']:+.1f}",
+            f"{100 * r['error_rel']:+.1f}%",
+        )
+    b = Table(title="emulated bandwidth (from the added transfer time)", title_justify="left")
+    for col in ("setting", "Gbit/s", "error", "end to end Gbit/s"):
+        b.add_column(col, justify="right")
+    for r in result["bandwidth"]:
+        b.add_row(
+            r["setting"],
+            f"{r['emulated_gbit']:.3f}",
+            f"{100 * r['error_rel']:+.1f}%",
+            f"{r['end_to_end_gbit']:.3f}",
+        )
+    console = Console()
+    console.print(t)
+    console.print(b)
     return 0

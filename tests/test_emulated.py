@@ -89,3 +89,36 @@ async def test_bad_emulator_options_are_refused() -> None:
         await gpuremote.connect("emu+tcp://127.0.0.1:1?latency=5us")
     with pytest.raises(gpuremote.TransportUnavailable):
         await gpuremote.connect("emu+carrier://x:1?rtt=1ms")
+
+
+def test_bench_emu_reports_the_emulators_error() -> None:
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuremote",
+            "bench",
+            "emu",
+            "--rtts",
+            "2ms",
+            "--bws",
+            "1gbit",
+            "--pings",
+            "15",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    (rtt,) = result["rtt"]
+    (bw,) = result["bandwidth"]
+    # generous bounds for a shared 2-core machine; the closing note has the real figures
+    assert abs(rtt["error_us"]) < 0.25 * 2000 + 300
+    assert abs(bw["error_rel"]) < 0.3
