@@ -25,7 +25,7 @@ from gpuremote.workloads import WORKLOADS
 
 from .target import open_target
 
-__all__ = ["SIZES", "RequirementsConfig", "run_requirements"]
+__all__ = ["SIZES", "RequirementsConfig", "ping_rtt", "run_requirements"]
 
 #: workload sizes for the sweep (smaller than the workloads' own defaults, to keep it minutes)
 SIZES: dict[str, dict[str, Any]] = {
@@ -59,7 +59,8 @@ async def _timed(fn: Callable[..., Any], gpu: gpuremote.GPU, sizes: dict[str, An
     return time.perf_counter() - t0
 
 
-async def _ping_rtt(url: str, n: int = 40) -> float:
+async def ping_rtt(url: str, n: int = 40) -> float:
+    """The median round trip of a small ping over ``url``."""
     async with gpuremote.connect(url) as gpu:
         for _ in range(5):
             await gpu.ping(b"x")
@@ -158,7 +159,7 @@ async def run_requirements(
     total = len(cfg.workloads) * len(cfg.rtts_us) * len(cfg.bws_gbit) * 2
     done = 0
     async with open_target(cfg.url, cfg.transport, cfg.backend) as target:
-        base_rtt = await _ping_rtt(target.url)
+        base_rtt = await ping_rtt(target.url)
         costs = await _calibrate(target.url, cfg.backend, base_rtt)
         for name in cfg.workloads:
             fn = WORKLOADS[name]
@@ -173,7 +174,7 @@ async def run_requirements(
             local_s = float(np.median(local_times))
             steps = int(sizes[name]["steps"])
             fit_url = _emu(target.url, min(cfg.rtts_us), max(cfg.bws_gbit))
-            fit_link = (await _ping_rtt(fit_url), max(cfg.bws_gbit) * 1e9)
+            fit_link = (await ping_rtt(fit_url), max(cfg.bws_gbit) * 1e9)
             bare_s, wl_costs = await _fit_proxy_cost(
                 fit_url, fn, sizes[name], trace, fit_link, costs, cfg.repeats
             )
@@ -181,7 +182,7 @@ async def run_requirements(
             for rtt in cfg.rtts_us:
                 for bw in cfg.bws_gbit:
                     url = _emu(target.url, rtt, bw)
-                    link_rtt = await _ping_rtt(url)
+                    link_rtt = await ping_rtt(url)
                     for optimized in (True, False):
                         runs = []
                         async with gpuremote.connect(

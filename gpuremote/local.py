@@ -19,10 +19,10 @@ from .backends import Backend, get_backend
 from .calls import CALLS_BY_NAME, Arg, CallSpec
 from .client import GPU
 from .config import PipelineConfig
-from .errors import ConnectionClosed, RemoteCallError
+from .errors import ConnectionClosed
 from .executor import Executor
 from .framing import byte_view
-from .protocol import DTYPES, ArrayDesc, Command, ErrorInfo
+from .protocol import DTYPES, ArrayDesc, Command
 from .session import BUFFER, Counters
 
 __all__ = ["DirectSession", "TraceEntry", "connect_local"]
@@ -130,17 +130,8 @@ class DirectSession:
         if replies:
             reply = replies[0]
             if not reply.ok:
-                e: ErrorInfo = reply.value
                 self._last = time.perf_counter()
-                raise RemoteCallError(
-                    e.message,
-                    call=e.call,
-                    op=e.op,
-                    seq=e.seq,
-                    kind=e.kind,
-                    deferred=e.deferred,
-                    skipped=e.skipped,
-                )
+                raise reply.value.to_exception()
             # a device-to-host copy: the client gets its own memory
             result = (reply.value, [byte_view(np.array(b, copy=True)) for b in out])
         self._last = time.perf_counter()

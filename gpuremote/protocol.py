@@ -20,7 +20,7 @@ import msgpack
 import numpy as np
 
 from .calls import CALLS_BY_OPCODE, Arg, CallSpec
-from .errors import LimitExceeded, RemoteProtocolError
+from .errors import LimitExceeded, RemoteCallError, RemoteProtocolError
 from .framing import Frame, FrameLimits
 
 __all__ = [
@@ -117,6 +117,18 @@ class ErrorInfo(NamedTuple):
     message: str
     deferred: bool
     skipped: int
+
+    def to_exception(self) -> RemoteCallError:
+        """The exception the client raises for it."""
+        return RemoteCallError(
+            self.message,
+            call=self.call,
+            op=self.op,
+            seq=self.seq,
+            kind=self.kind,
+            deferred=self.deferred,
+            skipped=self.skipped,
+        )
 
 
 class Reply(NamedTuple):

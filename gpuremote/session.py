@@ -23,9 +23,9 @@ from typing import Any
 
 from .calls import CALLS_BY_NAME, Arg, CallClass, CallSpec
 from .config import PipelineConfig
-from .errors import ConnectionClosed, GpuRemoteError, RemoteCallError, RemoteProtocolError
+from .errors import ConnectionClosed, GpuRemoteError, RemoteProtocolError
 from .framing import Frame
-from .protocol import FATAL, NOTICE, REPLY, ErrorInfo, decode_message, decode_replies
+from .protocol import FATAL, NOTICE, REPLY, decode_message, decode_replies
 from .protocol import encode_request as _encode_request
 from .transports import Connection
 
@@ -354,7 +354,7 @@ class Session:
                 if reply.ok:
                     fut.set_result((reply.value, frame.buffers))
                 else:
-                    fut.set_exception(self._error_from(reply.value))
+                    fut.set_exception(reply.value.to_exception())
         elif kind == FATAL:
             raise RemoteProtocolError(f"the proxy closed the connection: {msg[1]}")
         elif kind == NOTICE:
@@ -365,17 +365,6 @@ class Session:
                     self._fail_all(ConnectionClosed("the proxy is shutting down"))
         else:
             raise RemoteProtocolError(f"unexpected message type {kind}")
-
-    def _error_from(self, e: ErrorInfo) -> RemoteCallError:
-        return RemoteCallError(
-            e.message,
-            call=e.call,
-            op=e.op,
-            seq=e.seq,
-            kind=e.kind,
-            deferred=e.deferred,
-            skipped=e.skipped,
-        )
 
     def _fail_all(self, exc: BaseException) -> None:
         if self._error is None:

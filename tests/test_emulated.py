@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 import pytest
+from gpuremote.bench.requirements import ping_rtt
 from gpuremote.transports.emulated import LinkModel, parse_bandwidth, parse_duration
 
 import gpuremote
@@ -45,18 +46,6 @@ def test_jitter_keeps_order() -> None:
     assert times == sorted(times) and max(times) < 1e-3 + 1e-4 + 1e-3
 
 
-async def _median_rtt(url: str, n: int) -> float:
-    async with gpuremote.connect(url) as gpu:
-        for _ in range(5):
-            await gpu.ping(b"x")
-        samples = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            await gpu.ping(b"12345678")
-            samples.append(time.perf_counter() - t0)
-    return float(np.median(samples))
-
-
 async def test_results_are_unchanged_and_delays_land_near_the_setting() -> None:
     proxy = gpuremote.Proxy("numpy")
     url = await proxy.start("tcp://127.0.0.1:0")
@@ -68,8 +57,8 @@ async def test_results_are_unchanged_and_delays_land_near_the_setting() -> None:
                 await gpu.multiply(x, 3.0).get(), 3 * np.arange(1000, dtype=np.float64)
             )
         for setting in (2e-3, 10e-3):
-            base = await _median_rtt(url, 30)
-            emulated = await _median_rtt(f"emu+tcp://{host}?rtt={setting}s", 30)
+            base = await ping_rtt(url, 30)
+            emulated = await ping_rtt(f"emu+tcp://{host}?rtt={setting}s", 30)
             added = emulated - base
             # a generous bound for a shared 2-core machine; the bench reports the real error
             assert 0.9 * setting - 100e-6 < added < 1.25 * setting + 500e-6, (setting, added)
