@@ -176,7 +176,7 @@ async def run_requirements(
             fit_url = _emu(target.url, min(cfg.rtts_us), max(cfg.bws_gbit))
             fit_link = (await ping_rtt(fit_url), max(cfg.bws_gbit) * 1e9)
             bare_s, wl_costs = await _fit_proxy_cost(
-                fit_url, fn, sizes[name], trace, fit_link, costs, cfg.repeats
+                fit_url, fn, sizes[name], trace, fit_link, costs, max(5, cfg.repeats)
             )
             points = []
             for rtt in cfg.rtts_us:
