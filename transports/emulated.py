@@ -1,6 +1,7 @@
 """``emu+SCHEME://...?rtt=50us&bw=10gbit``: an emulated network link around any transport.
 
-Used on the client side, it delays both directions: each frame waits a one-way latency of
+Used on either side (on one side only: on both, the delays add up), it delays both
+directions: each frame waits a one-way latency of
 ``rtt / 2`` (plus up to ``jitter``), and occupies the link for ``bytes * 8 / bw``, frames
 queueing behind each other. With ``mode=pipelined`` (the default, as a real link) latency
 overlaps and only bandwidth serialises; ``mode=serialized`` reproduces the emulator of the
@@ -261,6 +262,8 @@ class EmulatedConnection(Connection):
         self._scheduler.cancel()
         self._drained.set()
         self._inner.close()
+        if self._lost_exc is None:  # what was still on the link is dropped with it
+            self._lost(ConnectionClosed(f"connection to {self.peer} is closed"))
 
     @property
     def closed(self) -> bool:
@@ -318,6 +321,5 @@ class EmulatedTransport(Transport):
             out_link, in_link = self.links(address)
             await handler(EmulatedConnection(conn, out_link, in_link))
 
-        listener = await self.inner.listen(self._inner_address(address), wrapped)
-        listener.url = "emu+" + listener.url
-        return listener
+        # clients connect to the real address: the link is emulated once, on this side
+        return await self.inner.listen(self._inner_address(address), wrapped)
