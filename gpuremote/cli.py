@@ -19,6 +19,7 @@ def _serve(args: argparse.Namespace) -> int:
     from .backends import BackendError
     from .errors import GpuRemoteError
     from .executor import SessionLimits
+    from .framing import FrameLimits
     from .localproxy import READY
     from .proxy import Proxy, serve
     from .transports import Address
@@ -83,6 +84,9 @@ def _serve(args: argparse.Namespace) -> int:
                 metrics=metrics,
                 secret=secret,
                 drain_s=args.drain_seconds,
+                limits=FrameLimits(max_frame_bytes=args.max_frame_bytes)
+                if args.max_frame_bytes
+                else FrameLimits(),
             )
         )
     except (GpuRemoteError, BackendError) as exc:
@@ -256,6 +260,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-device-bytes", type=int, default=None, help="per-session device memory limit"
     )
     s.add_argument("--max-handles", type=int, default=None, help="per-session handle limit")
+    s.add_argument(
+        "--max-frame-bytes",
+        type=int,
+        default=None,
+        help="largest frame a client may send (bounds what a session can have in flight: "
+        "the proxy stops reading a client whose replies are not yet out)",
+    )
     s.add_argument(
         "--announce",
         action="store_true",

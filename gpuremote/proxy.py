@@ -315,11 +315,13 @@ async def serve(
     metrics: tuple[str, int] | None = None,
     secret: bytes | None = None,
     drain_s: float = 2.0,
+    limits: FrameLimits = FrameLimits(),
 ) -> None:
     """Run a proxy until SIGINT or SIGTERM. ``ready(proxy, bound_urls)`` is called once
     it listens; ``metrics=(host, port)`` also serves Prometheus metrics there."""
     proxy = Proxy(
         backend,
+        limits=limits,
         session_limits=session_limits,
         bench_echo=bench_echo,
         admin_token=admin_token,

@@ -419,3 +419,14 @@ def test_bench_fuzz_short_run_keeps_the_proxy_serving() -> None:
     result = json.loads(out.stdout)
     assert result["bench"] == "fuzz" and result["frames"] > 0
     assert result["control_checks"] > 0 and result["control_failures"] == 0
+
+
+async def test_serve_max_frame_bytes_bounds_what_a_client_can_send() -> None:
+    with LocalProxy("tcp", "numpy", extra_args=("--max-frame-bytes", str(1 << 20))) as proxy:
+        async with gpuremote.connect(proxy.url) as good:
+            bad = await gpuremote.connect(proxy.url)
+            x = bad.empty(2 << 20, "uint8")
+            with pytest.raises((ConnectionClosed, gpuremote.ProtocolError)):
+                await x.write(np.zeros(2 << 20, np.uint8))
+            await bad.aclose()
+            np.testing.assert_array_equal(await good.asarray(np.ones(3)).get(), np.ones(3))
