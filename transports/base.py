@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, urlsplit
@@ -18,7 +19,7 @@ from urllib.parse import parse_qsl, urlsplit
 from gpuremote.errors import ConfigError, ConnectionClosed
 from gpuremote.framing import Frame, FrameLimits
 
-__all__ = ["Address", "Connection", "ConnectionHandler", "Listener", "Transport"]
+__all__ = ["Address", "Connection", "ConnectionHandler", "FrameInbox", "Listener", "Transport"]
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,47 @@ class Connection(abc.ABC):
 
 
 ConnectionHandler = Callable[[Connection], Awaitable[None]]
+
+
+class FrameInbox:
+    """Frames received and not yet taken by ``recv()``, and the one task waiting for them:
+    the pull side that every connection shares."""
+
+    def __init__(self) -> None:
+        self.frames: deque[Frame] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def __len__(self) -> int:
+        return len(self.frames)
+
+    def put(self, frame: Frame) -> None:
+        self.frames.append(frame)
+        self.wake()
+
+    def wake(self) -> None:
+        """Wake the waiting ``get()`` (a frame came, or the connection ended)."""
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def drain_to(self, on_frame: Callable[[Frame], None]) -> None:
+        """Hand every queued frame to ``on_frame`` (when switching to push mode)."""
+        while self.frames:
+            on_frame(self.frames.popleft())
+
+    async def get(self, ended: Callable[[], BaseException | None]) -> Frame:
+        """The next frame; once none is left and ``ended()`` gives an error, raise it."""
+        while True:
+            if self.frames:
+                return self.frames.popleft()
+            exc = ended()
+            if exc is not None:
+                raise exc
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
 
 
 class Listener(abc.ABC):

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from gpuremote.errors import ConfigError, ConnectionClosed
 from gpuremote.framing import Frame, FrameLimits
 
-from .base import Address, Connection, ConnectionHandler, Listener, Transport
+from .base import Address, Connection, ConnectionHandler, FrameInbox, Listener, Transport
 
 __all__ = [
     "EmulatedConnection",
@@ -173,8 +173,7 @@ class EmulatedConnection(Connection):
         self._out, self._in = out_link, in_link
         self._scheduler = _Pump()
         self.peer = inner.peer
-        self._frames: deque[Frame] = deque()
-        self._waiter: asyncio.Future[None] | None = None
+        self._inbox = FrameInbox()
         self._receiver: Callable[[Frame], None] | None = None
         self._on_lost: Callable[[BaseException], None] | None = None
         self._lost_exc: BaseException | None = None
@@ -213,10 +212,7 @@ class EmulatedConnection(Connection):
         if self._receiver is not None:
             self._receiver(frame)
             return
-        self._frames.append(frame)
-        w = self._waiter
-        if w is not None and not w.done():
-            w.set_result(None)
+        self._inbox.put(frame)
 
     def _inner_lost(self, exc: BaseException) -> None:
         # the loss arrives after the frames that were on the link
@@ -224,9 +220,7 @@ class EmulatedConnection(Connection):
 
     def _lost(self, exc: BaseException) -> None:
         self._lost_exc = exc
-        w = self._waiter
-        if w is not None and not w.done():
-            w.set_result(None)
+        self._inbox.wake()
         on_lost, self._on_lost = self._on_lost, None
         if on_lost is not None:
             on_lost(exc)
@@ -235,22 +229,14 @@ class EmulatedConnection(Connection):
         self, on_frame: Callable[[Frame], None], on_lost: Callable[[BaseException], None]
     ) -> None:
         self._receiver, self._on_lost = on_frame, on_lost
-        while self._frames:
-            on_frame(self._frames.popleft())
+        self._inbox.drain_to(on_frame)
         if self._lost_exc is not None:
             self._lost(self._lost_exc)
 
     async def recv(self) -> Frame:
-        while True:
-            if self._frames:
-                return self._frames.popleft()
-            if self._lost_exc is not None:
-                raise ConnectionClosed(str(self._lost_exc))
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
+        return await self._inbox.get(
+            lambda: None if self._lost_exc is None else ConnectionClosed(str(self._lost_exc))
+        )
 
     def pause_reading(self) -> None:
         self._inner.pause_reading()

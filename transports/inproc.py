@@ -8,7 +8,6 @@ to measure what gpuremote's own layers cost without a network.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +16,7 @@ import numpy as np
 from gpuremote.errors import ConnectionClosed
 from gpuremote.framing import Frame, as_bytes_view, byte_view, encode_frame
 
-from .base import Address, Connection, ConnectionHandler, Listener, Transport
+from .base import Address, Connection, ConnectionHandler, FrameInbox, Listener, Transport
 
 __all__ = ["InprocConnection", "InprocListener", "InprocTransport"]
 
@@ -28,8 +27,7 @@ class InprocConnection(Connection):
     def __init__(self, peer_name: str) -> None:
         self.peer = peer_name
         self._peer: InprocConnection | None = None
-        self._frames: deque[Frame] = deque()
-        self._waiter: asyncio.Future[None] | None = None
+        self._inbox = FrameInbox()
         self._closed = False
         self.limits: Any = None
         self._receiver: Callable[[Frame], None] | None = None
@@ -62,8 +60,7 @@ class InprocConnection(Connection):
         self, on_frame: Callable[[Frame], None], on_lost: Callable[[BaseException], None]
     ) -> None:
         self._receiver, self._on_lost = on_frame, on_lost
-        while self._frames:
-            on_frame(self._frames.popleft())
+        self._inbox.drain_to(on_frame)
         if self._closed:
             self._lost()
 
@@ -85,26 +82,16 @@ class InprocConnection(Connection):
         if self._receiver is not None:  # a hop through the loop, as over a wire: no reentrancy
             asyncio.get_running_loop().call_soon(self._receive, frame)
             return
-        self._frames.append(frame)
-        w = self._waiter
-        if w is not None and not w.done():
-            w.set_result(None)
+        self._inbox.put(frame)
 
     async def drain(self) -> None:
         if self._closed:
             raise ConnectionClosed(f"{self.peer}: connection is closed")
 
     async def recv(self) -> Frame:
-        while True:
-            if self._frames:
-                return self._frames.popleft()
-            if self._closed:
-                raise ConnectionClosed(f"{self.peer}: connection closed")
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
+        return await self._inbox.get(
+            lambda: ConnectionClosed(f"{self.peer}: connection closed") if self._closed else None
+        )
 
     def close(self) -> None:
         if self._closed:
@@ -113,9 +100,7 @@ class InprocConnection(Connection):
         for end in (self, self._peer):
             if end is not None:
                 end._closed = True
-                w = end._waiter
-                if w is not None and not w.done():
-                    w.set_result(None)
+                end._inbox.wake()
                 if end._on_lost is not None:
                     asyncio.get_running_loop().call_soon(end._lost)
 

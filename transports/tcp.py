@@ -14,14 +14,13 @@ import asyncio
 import contextlib
 import socket
 import ssl
-from collections import deque
 from collections.abc import Callable
 
 from gpuremote.config import load_config_file
 from gpuremote.errors import ConfigError, ConnectionClosed, ProtocolError
 from gpuremote.framing import Frame, FrameDecoder, FrameLimits, encode_frame
 
-from .base import Address, Connection, ConnectionHandler, Listener, Transport
+from .base import Address, Connection, ConnectionHandler, FrameInbox, Listener, Transport
 
 __all__ = ["TcpConnection", "TcpListener", "TcpTransport", "TlsTransport"]
 
@@ -70,9 +69,8 @@ class TcpConnection(Connection):
         self._limits = limits
         self._decoder = FrameDecoder(limits)
         self._transport: asyncio.Transport | None = None
-        self._frames: deque[Frame] = deque()
+        self._inbox = FrameInbox()
         self._max_queued = max_queued_frames
-        self._waiter: asyncio.Future[None] | None = None
         self._drainers: list[asyncio.Future[None]] = []
         self._write_paused = False
         self._error: BaseException | None = None
@@ -105,16 +103,12 @@ class TcpConnection(Connection):
         if self._receiver is not None:
             self._deliver()
             return
-        frames = self._frames
+        inbox = self._inbox
         while (f := dec.next_frame()) is not None:
-            frames.append(f)
-        if frames:
-            w = self._waiter
-            if w is not None and not w.done():
-                w.set_result(None)
-            if len(frames) >= self._max_queued and not self._throttled:
-                self._throttled = True  # the consumer is behind: stop reading
-                self._update_reading()
+            inbox.put(f)
+        if len(inbox) >= self._max_queued and not self._throttled:
+            self._throttled = True  # the consumer is behind: stop reading
+            self._update_reading()
 
     def _eof(self) -> None:
         try:
@@ -192,8 +186,7 @@ class TcpConnection(Connection):
         self, on_frame: Callable[[Frame], None], on_lost: Callable[[BaseException], None]
     ) -> None:
         self._receiver, self._on_lost = on_frame, on_lost
-        while self._frames:  # anything that arrived before
-            on_frame(self._frames.popleft())
+        self._inbox.drain_to(on_frame)  # anything that arrived before
         if self._throttled:
             self._throttled = False
             self._update_reading()
@@ -220,20 +213,11 @@ class TcpConnection(Connection):
             t.resume_reading()
 
     async def recv(self) -> Frame:
-        while True:
-            if self._frames:
-                frame = self._frames.popleft()
-                if self._throttled and len(self._frames) < self._max_queued // 2:
-                    self._throttled = False
-                    self._update_reading()
-                return frame
-            if self._closed:
-                raise self._closed_error()
-            self._waiter = self._loop.create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
+        frame = await self._inbox.get(lambda: self._closed_error() if self._closed else None)
+        if self._throttled and len(self._inbox) < self._max_queued // 2:
+            self._throttled = False
+            self._update_reading()
+        return frame
 
     # -- closing ---------------------------------------------------------------------------
     def _why(self) -> str:
@@ -262,9 +246,7 @@ class TcpConnection(Connection):
         self._finish()
 
     def _finish(self) -> None:
-        w = self._waiter
-        if w is not None and not w.done():
-            w.set_result(None)
+        self._inbox.wake()
         self._wake_drainers(ConnectionClosed(self._why()))
         on_lost, self._on_lost = self._on_lost, None
         self._receiver = None
