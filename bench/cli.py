@@ -14,6 +14,8 @@ from typing import Any
 from rich.console import Console, RenderableType
 from rich.live import Live
 
+from .render import result_table
+
 __all__ = ["add_bench_parser"]
 
 
@@ -277,20 +279,18 @@ def _api(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(result)
         return 0
-    from rich.table import Table
-
-    t = Table(
-        title=f"gpuremote bench api: {result['calls']} launches over {result['url']}",
-        title_justify="left",
+    t = result_table(
+        f"gpuremote bench api: {result['calls']} launches over {result['url']}",
+        ("mode", "calls/s", "round trips per call"),
+        (
+            (
+                mode,
+                f"{result[key + '_calls_per_s']:,.0f}",
+                f"{result['round_trips_per_call'][key]:.4f}",
+            )
+            for mode, key in (("synchronous", "sync"), ("pipelined", "pipelined"))
+        ),
     )
-    for col in ("mode", "calls/s", "round trips per call"):
-        t.add_column(col, justify="right")
-    for mode, key in (("synchronous", "sync"), ("pipelined", "pipelined")):
-        t.add_row(
-            mode,
-            f"{result[key + '_calls_per_s']:,.0f}",
-            f"{result['round_trips_per_call'][key]:.4f}",
-        )
     console = Console()
     console.print(t)
     console.print(f"pipelined / synchronous: {result['ratio']:.1f}x")
@@ -312,25 +312,8 @@ def _load(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(result)
         return 0 if result["errors"] == 0 else 1
-    from rich.table import Table
-
-    t = Table(
-        title=f"gpuremote bench load: {result['clients']} clients x {result['ops']} "
-        f"calls over {result['url']}",
-        title_justify="left",
-    )
-    for col in (
-        "calls/s",
-        "sync p50 µs",
-        "sync p99 µs",
-        "errors",
-        "verified",
-        "proxy MB before",
-        "proxy MB after",
-    ):
-        t.add_column(col, justify="right")
     mem = result["proxy_rss_mb"]
-    t.add_row(
+    row = (
         f"{result['calls_per_s']:,.0f}",
         f"{result['sync_latency_us']['p50']:,.0f}",
         f"{result['p99_us']:,.0f}",
@@ -339,7 +322,20 @@ def _load(args: argparse.Namespace) -> int:
         "-" if mem["before"] is None else f"{mem['before']:.1f}",
         "-" if mem["after"] is None else f"{mem['after']:.1f}",
     )
-    Console().print(t)
+    columns = (
+        "calls/s",
+        "sync p50 µs",
+        "sync p99 µs",
+        "errors",
+        "verified",
+        "proxy MB before",
+        "proxy MB after",
+    )
+    title = (
+        f"gpuremote bench load: {result['clients']} clients x {result['ops']} calls "
+        f"over {result['url']}"
+    )
+    Console().print(result_table(title, columns, [row]))
     for msg in result["error_messages"]:
         Console().print(f"error: {msg}", style="red")
     return 0 if result["errors"] == 0 else 1
@@ -388,23 +384,19 @@ def _requirements(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(result)
         return 0
-    from rich.table import Table
-
     console = Console()
+    columns = (
+        "RTT µs",
+        "Gbit/s",
+        "optimised",
+        "measured ms",
+        "model ms",
+        "slowdown",
+        "model error",
+    )
     for w in result["workloads"]:
-        t = Table(title=f"{w['name']}: local {w['local_s'] * 1e3:.1f} ms", title_justify="left")
-        for col in (
-            "RTT µs",
-            "Gbit/s",
-            "optimised",
-            "measured ms",
-            "model ms",
-            "slowdown",
-            "model error",
-        ):
-            t.add_column(col, justify="right")
-        for p in w["points"]:
-            t.add_row(
+        rows = (
+            (
                 f"{p['rtt_us']:g}",
                 f"{p['bw_gbit']:g}",
                 "yes" if p["optimized"] else "no",
@@ -413,7 +405,11 @@ def _requirements(args: argparse.Namespace) -> int:
                 f"{100 * p['slowdown']:+.0f}%",
                 f"{100 * p['model_error']:+.0f}%",
             )
-        console.print(t)
+            for p in w["points"]
+        )
+        console.print(
+            result_table(f"{w['name']}: local {w['local_s'] * 1e3:.1f} ms", columns, rows)
+        )
         req = w["min_requirement"]
         console.print(
             f"  within {100 * result['tolerance']:.0f}%: optimised {req['optimized']}, "
@@ -436,29 +432,35 @@ def _emu(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(result)
         return 0
-    from rich.table import Table
-
-    t = Table(title="emulated round trip (added to the bare path's)", title_justify="left")
-    for col in ("setting", "added µs", "error µs", "error"):
-        t.add_column(col, justify="right")
-    for r in result["rtt"]:
-        t.add_row(
-            r["setting"],
-            f"{r['added_us']:.1f}",
-            f"{r['error_us']:+.1f}",
-            f"{100 * r['error_rel']:+.1f}%",
-        )
-    b = Table(title="emulated bandwidth (from the added transfer time)", title_justify="left")
-    for col in ("setting", "Gbit/s", "error", "end to end Gbit/s"):
-        b.add_column(col, justify="right")
-    for r in result["bandwidth"]:
-        b.add_row(
-            r["setting"],
-            f"{r['emulated_gbit']:.3f}",
-            f"{100 * r['error_rel']:+.1f}%",
-            f"{r['end_to_end_gbit']:.3f}",
-        )
     console = Console()
-    console.print(t)
-    console.print(b)
+    console.print(
+        result_table(
+            "emulated round trip (added to the bare path's)",
+            ("setting", "added µs", "error µs", "error"),
+            (
+                (
+                    r["setting"],
+                    f"{r['added_us']:.1f}",
+                    f"{r['error_us']:+.1f}",
+                    f"{100 * r['error_rel']:+.1f}%",
+                )
+                for r in result["rtt"]
+            ),
+        )
+    )
+    console.print(
+        result_table(
+            "emulated bandwidth (from the added transfer time)",
+            ("setting", "Gbit/s", "error", "end to end Gbit/s"),
+            (
+                (
+                    r["setting"],
+                    f"{r['emulated_gbit']:.3f}",
+                    f"{100 * r['error_rel']:+.1f}%",
+                    f"{r['end_to_end_gbit']:.3f}",
+                )
+                for r in result["bandwidth"]
+            ),
+        )
+    )
     return 0

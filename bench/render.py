@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -13,7 +13,14 @@ from rich.text import Text
 
 from .stats import KEYS
 
-__all__ = ["histogram", "ping_view", "sparkline", "stats_table", "throughput_view"]
+__all__ = [
+    "histogram",
+    "ping_view",
+    "result_table",
+    "sparkline",
+    "stats_table",
+    "throughput_view",
+]
 
 _BLOCKS = " ▁▂▃▄▅▆▇█"
 
@@ -111,6 +118,16 @@ def throughput_view(state: dict[str, Any]) -> RenderableType:
         Text(state.get("current", ""), style="dim"),
         t,
     )
+
+
+def result_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> Table:
+    """A titled table of right-aligned columns: the plain summary of a bench."""
+    t = Table(title=title, title_justify="left")
+    for col in columns:
+        t.add_column(col, justify="right")
+    for row in rows:
+        t.add_row(*row)
+    return t
 
 
 def _size(n: int) -> str:
