@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, Protocol
 
 import pytest
 
@@ -38,3 +43,43 @@ async def url(proxy: tuple[Proxy, str]) -> str:
 async def gpu(url: str) -> AsyncIterator[gpuremote.GPU]:
     async with gpuremote.connect(url) as g:
         yield g
+
+
+class Cli(Protocol):
+    def __call__(
+        self, *args: str, timeout: float = ..., env: Mapping[str, str] | None = ...
+    ) -> subprocess.CompletedProcess[str]: ...
+
+
+def _run_cli(
+    *args: str, timeout: float = 120, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m gpuremote ARGS`` as a user runs it (without a GPUREMOTE_URL of ours)."""
+    if env is None:
+        env = {k: v for k, v in os.environ.items() if k != "GPUREMOTE_URL"}
+    return subprocess.run(
+        [sys.executable, "-m", "gpuremote", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(env),
+    )
+
+
+@pytest.fixture
+def cli() -> Cli:
+    """Runs the ``gpuremote`` command."""
+    return _run_cli
+
+
+@pytest.fixture
+def cli_json(cli: Cli) -> Callable[..., Any]:
+    """Runs ``gpuremote ARGS --json``; checks it succeeded and returns the one JSON object
+    that stdout holds (and nothing else)."""
+
+    def run(*args: str) -> Any:
+        proc = cli(*args, "--json")
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    return run

@@ -5,40 +5,24 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import signal
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from gpuremote.localproxy import LocalProxy
 
+if TYPE_CHECKING:
+    from conftest import Cli
+
 STATS = {"min", "p50", "p90", "p99", "p999", "max", "mean"}
 
 
-def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "GPUREMOTE_URL"}
-    return subprocess.run(
-        [sys.executable, "-m", "gpuremote", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
-
-
-def run_json(*args: str) -> Any:
-    proc = run(*args, "--json")
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)  # stdout holds the JSON object and nothing else
-
-
-def test_bench_ping_json_schema(tmp_path: Path) -> None:
+def test_bench_ping_json_schema(tmp_path: Path, cli_json: Callable[..., Any]) -> None:
     samples = tmp_path / "ping.csv"
-    out = run_json(
+    out = cli_json(
         "bench",
         "ping",
         "--count",
@@ -61,8 +45,8 @@ def test_bench_ping_json_schema(tmp_path: Path) -> None:
     assert len(rows) == 180 and all(int(r["ns"]) > 0 for r in rows)
 
 
-def test_bench_ping_inproc_and_size() -> None:
-    out = run_json(
+def test_bench_ping_inproc_and_size(cli_json: Callable[..., Any]) -> None:
+    out = cli_json(
         "bench",
         "ping",
         "--transport",
@@ -78,8 +62,8 @@ def test_bench_ping_inproc_and_size() -> None:
     assert out["transport"] == "inproc" and out["size"] == 1000 and out["baseline_rtt_us"] is None
 
 
-def test_bench_throughput_json_schema() -> None:
-    out = run_json(
+def test_bench_throughput_json_schema(cli_json: Callable[..., Any]) -> None:
+    out = cli_json(
         "bench",
         "throughput",
         "--sizes",
@@ -106,8 +90,8 @@ def test_bench_throughput_json_schema() -> None:
     assert out["peak_rss_mb"]["client"] > 0 and out["peak_rss_mb"]["proxy"] > 0
 
 
-def test_bench_api_json_schema() -> None:
-    out = run_json("bench", "api", "--calls", "300", "--rounds", "1", "--transport", "inproc")
+def test_bench_api_json_schema(cli_json: Callable[..., Any]) -> None:
+    out = cli_json("bench", "api", "--calls", "300", "--rounds", "1", "--transport", "inproc")
     assert out["bench"] == "api" and out["transport"] == "inproc" and out["calls"] == 300
     assert out["sync_calls_per_s"] > 0 and out["pipelined_calls_per_s"] > 0
     assert out["ratio"] == pytest.approx(out["pipelined_calls_per_s"] / out["sync_calls_per_s"])
@@ -115,22 +99,22 @@ def test_bench_api_json_schema() -> None:
     assert trips["sync"] >= 1.0 and trips["pipelined"] == pytest.approx(1 / 300)
 
 
-def test_bench_against_a_running_proxy_by_url() -> None:
+def test_bench_against_a_running_proxy_by_url(cli_json: Callable[..., Any]) -> None:
     with LocalProxy("tcp", "numpy") as proxy:  # no --bench-echo: no baselines, and says so
-        out = run_json("bench", "ping", "--url", proxy.url, "--count", "20", "--warmup", "2")
+        out = cli_json("bench", "ping", "--url", proxy.url, "--count", "20", "--warmup", "2")
     assert out["url"] == proxy.url and out["ratio_p50"] is None
     assert "bench-echo" in out["baseline_note"]
 
 
-def test_bench_human_output_when_not_a_terminal() -> None:
-    proc = run("bench", "ping", "--count", "40", "--warmup", "2")
+def test_bench_human_output_when_not_a_terminal(cli: Cli) -> None:
+    proc = cli("bench", "ping", "--count", "40", "--warmup", "2")
     assert proc.returncode == 0, proc.stderr
     assert "p50" in proc.stdout and "gpuremote" in proc.stdout
     assert "\x1b[" not in proc.stdout  # no animation codes into a pipe
 
 
-def test_demo_runs_and_checks_its_result() -> None:
-    proc = run("demo", "--steps", "3", "--batch", "32", "--hidden", "16", "--backend", "numpy")
+def test_demo_runs_and_checks_its_result(cli: Cli) -> None:
+    proc = cli("demo", "--steps", "3", "--batch", "32", "--hidden", "16", "--backend", "numpy")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "result: OK, remote equals local" in proc.stdout
     assert "time: remote" in proc.stdout
@@ -147,16 +131,16 @@ def test_serve_announces_and_stops_cleanly_on_sigterm() -> None:
     proxy.stop()
 
 
-def test_serve_reports_a_bad_backend() -> None:
-    proc = run("serve", "--backend", "cupy", "--listen", "tcp://127.0.0.1:0")
+def test_serve_reports_a_bad_backend(cli: Cli) -> None:
+    proc = cli("serve", "--backend", "cupy", "--listen", "tcp://127.0.0.1:0")
     if proc.returncode == 0:  # pragma: no cover - a machine with a GPU
         pytest.skip("cupy is usable here")
     assert proc.returncode == 2 and "cupy backend is not available" in proc.stderr
 
 
-def test_info_and_connection_errors() -> None:
+def test_info_and_connection_errors(cli: Cli) -> None:
     with LocalProxy("tcp", "numpy") as proxy:
-        proc = run("info", "--url", proxy.url)
+        proc = cli("info", "--url", proxy.url)
         assert proc.returncode == 0 and json.loads(proc.stdout)["backend"] == "numpy"
-    proc = run("info", "--url", "tcp://127.0.0.1:1")
+    proc = cli("info", "--url", "tcp://127.0.0.1:1")
     assert proc.returncode == 1 and "cannot connect" in proc.stderr

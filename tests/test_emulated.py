@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -11,6 +12,9 @@ from gpuremote.transports.emulated import LinkModel, parse_bandwidth, parse_dura
 
 import gpuremote
 from gpuremote.errors import ConfigError
+
+if TYPE_CHECKING:
+    from conftest import Cli
 
 
 def test_units() -> None:
@@ -90,29 +94,11 @@ async def test_bad_emulator_options_are_refused() -> None:
         await gpuremote.connect("emu+carrier://x:1?rtt=1ms")
 
 
-def test_bench_emu_reports_the_emulators_error() -> None:
+def test_bench_emu_reports_the_emulators_error(cli: Cli) -> None:
     import json
-    import subprocess
-    import sys
 
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpuremote",
-            "bench",
-            "emu",
-            "--rtts",
-            "2ms",
-            "--bws",
-            "1gbit",
-            "--pings",
-            "15",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    out = cli(
+        "bench", "emu", "--rtts", "2ms", "--bws", "1gbit", "--pings", "15", "--json", timeout=120
     )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -14,6 +13,9 @@ import gpuremote
 from gpuremote.local import TraceEntry, connect_local
 from gpuremote.model import Costs, load_trace, predict, save_trace
 from gpuremote.workloads import WORKLOADS
+
+if TYPE_CHECKING:
+    from conftest import Cli
 
 SMALL = {
     "mlp": {"steps": 3, "batch": 16, "din": 8, "hidden": 16, "dout": 4},
@@ -96,34 +98,13 @@ def test_model_on_hand_made_traces() -> None:
     assert predict(shadow, rtt, bw, optimized=False).seconds == pytest.approx(rtt + 1e-3)
 
 
-def test_trace_and_predict_commands(tmp_path: Path) -> None:
+def test_trace_and_predict_commands(tmp_path: Path, cli: Cli) -> None:
     path = tmp_path / "t.json"
-    out = subprocess.run(
-        [sys.executable, "-m", "gpuremote", "trace", "transformer", "-o", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = cli("trace", "transformer", "-o", str(path), timeout=120)
     assert out.returncode == 0, out.stderr
     trace, meta = load_trace(path)
     assert meta["workload"] == "transformer" and meta["local_s"] > 0 and len(trace) > 100
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpuremote",
-            "predict",
-            str(path),
-            "--rtt",
-            "20us",
-            "--bw",
-            "100gbit",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = cli("predict", str(path), "--rtt", "20us", "--bw", "100gbit", "--json", timeout=60)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["rtt_us"] == pytest.approx(20) and result["bw_gbit"] == pytest.approx(100)
@@ -134,27 +115,20 @@ def test_trace_and_predict_commands(tmp_path: Path) -> None:
     assert load_trace(tmp_path / "again.json")[0] == trace
 
 
-def test_bench_requirements_json_schema(tmp_path: Path) -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpuremote",
-            "bench",
-            "requirements",
-            "--quick",
-            "--workloads",
-            "transformer",
-            "--rtts",
-            "50",
-            "--bws",
-            "10",
-            "--json",
-            "--plot",
-            str(tmp_path / "r.png"),
-        ],
-        capture_output=True,
-        text=True,
+def test_bench_requirements_json_schema(tmp_path: Path, cli: Cli) -> None:
+    out = cli(
+        "bench",
+        "requirements",
+        "--quick",
+        "--workloads",
+        "transformer",
+        "--rtts",
+        "50",
+        "--bws",
+        "10",
+        "--json",
+        "--plot",
+        str(tmp_path / "r.png"),
         timeout=300,
     )
     assert out.returncode == 0, out.stderr

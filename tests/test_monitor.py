@@ -5,10 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
-import sys
 import urllib.request
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -20,6 +19,9 @@ from gpuremote.calls import CALLS_BY_NAME
 from gpuremote.localproxy import LocalProxy
 from gpuremote.metrics import start_metrics_server
 from gpuremote.top import fetch, rates, render
+
+if TYPE_CHECKING:
+    from conftest import Cli
 
 TOKEN = "s3cret-admin"
 
@@ -129,44 +131,14 @@ async def test_top_view_renders_rates_and_totals(
     assert row["peer"] in text and "sync p99" in text
 
 
-def test_top_once_json_from_the_command_line() -> None:
+def test_top_once_json_from_the_command_line(cli: Cli) -> None:
     with LocalProxy("tcp", "numpy", extra_args=("--admin-token", TOKEN)) as proxy:
         env = {**os.environ, "GPUREMOTE_ADMIN_TOKEN": TOKEN}
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "gpuremote",
-                "top",
-                "--url",
-                proxy.url,
-                "--once",
-                "--json",
-                "--interval",
-                "0.1",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=env,
+        out = cli(
+            "top", "--url", proxy.url, "--once", "--json", "--interval", "0.1", timeout=60, env=env
         )
         assert out.returncode == 0, out.stderr
         snap = json.loads(out.stdout)
         assert snap["backend"]["backend"] == "numpy" and len(snap["sessions"]) == 1
-        bad = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "gpuremote",
-                "top",
-                "--url",
-                proxy.url,
-                "--once",
-                "--token",
-                "nope",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        bad = cli("top", "--url", proxy.url, "--once", "--token", "nope", timeout=60)
         assert bad.returncode == 1 and "wrong admin token" in bad.stderr

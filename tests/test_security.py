@@ -11,7 +11,7 @@ import sys
 import textwrap
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
@@ -28,6 +28,9 @@ from gpuremote.executor import Executor, SessionLimits
 from gpuremote.framing import Frame
 from gpuremote.localproxy import LocalProxy
 from gpuremote.protocol import BadCommandAt, decode_request, encode_request
+
+if TYPE_CHECKING:
+    from conftest import Cli
 
 SECRET = b"correct horse battery staple"
 
@@ -81,15 +84,9 @@ async def test_secret_from_environment_and_file(
         await gpu.synchronize()
 
 
-def test_serve_refuses_an_exposed_address_without_a_secret() -> None:
+def test_serve_refuses_an_exposed_address_without_a_secret(cli: Cli) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUREMOTE_SECRET")}
-    out = subprocess.run(
-        [sys.executable, "-m", "gpuremote", "serve", "--listen", "tcp://0.0.0.0:0"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env=env,
-    )
+    out = cli("serve", "--listen", "tcp://0.0.0.0:0", timeout=30, env=env)
     assert out.returncode == 2 and "without a shared secret" in out.stderr
     with LocalProxy("tcp", "numpy", extra_args=("--insecure",)) as proxy:
         assert proxy.url.startswith("tcp://")
@@ -368,24 +365,17 @@ def test_sigterm_finishes_in_flight_work_tells_clients_and_exits_0() -> None:
     assert "shutting down" in out["after"] or "shut down" in out["after"]
 
 
-def test_bench_load_json_schema() -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpuremote",
-            "bench",
-            "load",
-            "--clients",
-            "4",
-            "--ops",
-            "200",
-            "--backend",
-            "numpy",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
+def test_bench_load_json_schema(cli: Cli) -> None:
+    out = cli(
+        "bench",
+        "load",
+        "--clients",
+        "4",
+        "--ops",
+        "200",
+        "--backend",
+        "numpy",
+        "--json",
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
@@ -397,24 +387,8 @@ def test_bench_load_json_schema() -> None:
     assert result["proxy_rss_mb"]["before"] > 0
 
 
-def test_bench_fuzz_short_run_keeps_the_proxy_serving() -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpuremote",
-            "bench",
-            "fuzz",
-            "--seconds",
-            "1",
-            "--backend",
-            "numpy",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def test_bench_fuzz_short_run_keeps_the_proxy_serving(cli: Cli) -> None:
+    out = cli("bench", "fuzz", "--seconds", "1", "--backend", "numpy", "--json", timeout=120)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["bench"] == "fuzz" and result["frames"] > 0
