@@ -12,16 +12,13 @@ import numpy as np
 
 import gpuremote
 
-from .target import open_target
+from .target import TargetOptions, open_target
 
 __all__ = ["ApiConfig", "run_api"]
 
 
 @dataclass
-class ApiConfig:
-    url: str | None = None
-    transport: str = "tcp"
-    backend: str = "auto"
+class ApiConfig(TargetOptions):
     calls: int = 10_000
     rounds: int = 3
     elements: int = 16

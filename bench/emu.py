@@ -19,15 +19,13 @@ from gpuremote.transports.emulated import parse_bandwidth, parse_duration
 
 import gpuremote
 
-from .target import open_target
+from .target import TargetOptions, open_target
 
 __all__ = ["EmuConfig", "run_emu"]
 
 
 @dataclass
-class EmuConfig:
-    url: str | None = None
-    transport: str = "tcp"
+class EmuConfig(TargetOptions):
     backend: str = "numpy"
     rtts: list[str] = field(default_factory=lambda: ["100us", "300us", "1ms", "3ms", "10ms"])
     bws: list[str] = field(default_factory=lambda: ["100mbit", "1gbit", "10gbit"])

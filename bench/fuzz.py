@@ -29,7 +29,7 @@ from gpuremote.framing import Frame, frame_bytes
 from gpuremote.localproxy import rss_bytes
 from gpuremote.protocol import encode_request
 
-from .target import open_target
+from .target import TargetOptions, open_target
 
 __all__ = ["FuzzConfig", "run_fuzz"]
 
@@ -39,10 +39,7 @@ _DTYPES = ["float32", "int8", "bool", "complex128", "object", "|V8", 3]
 
 
 @dataclass
-class FuzzConfig:
-    url: str | None = None
-    transport: str = "tcp"
-    backend: str = "auto"
+class FuzzConfig(TargetOptions):
     seconds: float = 30.0
     seed: int = 0
 

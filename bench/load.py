@@ -22,16 +22,13 @@ import gpuremote
 from gpuremote.localproxy import rss_bytes
 
 from .stats import summarize
-from .target import Target, open_target
+from .target import Target, TargetOptions, open_target
 
 __all__ = ["LoadConfig", "run_load"]
 
 
 @dataclass
-class LoadConfig:
-    url: str | None = None
-    transport: str = "tcp"
-    backend: str = "auto"
+class LoadConfig(TargetOptions):
     clients: int = 8
     ops: int = 1000
     sync_every: int = 100

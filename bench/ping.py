@@ -15,16 +15,13 @@ from gpuremote.framing import byte_view
 
 from .baseline import Baselines
 from .stats import ratio, summarize
-from .target import open_target
+from .target import TargetOptions, open_target
 
 __all__ = ["PingConfig", "run_ping"]
 
 
 @dataclass
-class PingConfig:
-    url: str | None = None
-    transport: str = "tcp"
-    backend: str = "auto"
+class PingConfig(TargetOptions):
     size: int = 8
     count: int = 20_000
     duration: float | None = None  # seconds; overrides count

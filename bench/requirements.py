@@ -23,7 +23,7 @@ from gpuremote.local import connect_local
 from gpuremote.model import Costs, predict
 from gpuremote.workloads import WORKLOADS
 
-from .target import open_target
+from .target import TargetOptions, open_target
 
 __all__ = ["SIZES", "RequirementsConfig", "ping_rtt", "run_requirements"]
 
@@ -41,9 +41,7 @@ QUICK_SIZES: dict[str, dict[str, Any]] = {
 
 
 @dataclass
-class RequirementsConfig:
-    url: str | None = None
-    transport: str = "tcp"
+class RequirementsConfig(TargetOptions):
     backend: str = "numpy"
     workloads: list[str] = field(default_factory=lambda: sorted(WORKLOADS))
     rtts_us: list[float] = field(default_factory=lambda: [10, 100, 1000])

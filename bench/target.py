@@ -13,7 +13,17 @@ from gpuremote.config import load_config_file
 from gpuremote.localproxy import LocalProxy
 from gpuremote.proxy import Proxy
 
-__all__ = ["Target", "open_target"]
+__all__ = ["Target", "TargetOptions", "open_target"]
+
+
+@dataclass
+class TargetOptions:
+    """Where a bench's proxy is: a running one at ``url``, or one it starts (transport,
+    backend). Every bench's configuration starts with these."""
+
+    url: str | None = None
+    transport: str = "tcp"
+    backend: str = "auto"
 
 
 @dataclass

@@ -18,7 +18,7 @@ from gpuremote.localproxy import peak_rss_bytes, reset_peak_rss, rss_bytes
 
 from .baseline import Baselines
 from .stats import gbps, ratio
-from .target import Target, open_target
+from .target import Target, TargetOptions, open_target
 
 __all__ = ["DEFAULT_SIZES", "ThroughputConfig", "run_throughput"]
 
@@ -27,10 +27,7 @@ _EMPTY = memoryview(b"")
 
 
 @dataclass
-class ThroughputConfig:
-    url: str | None = None
-    transport: str = "tcp"
-    backend: str = "auto"
+class ThroughputConfig(TargetOptions):
     sizes: list[int] = field(default_factory=lambda: list(DEFAULT_SIZES))
     baseline: bool = True
     bytes_per_point: int = 1 << 30  # transfers per size: this many bytes, within [min, max]
