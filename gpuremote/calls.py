@@ -42,6 +42,7 @@ class Arg(enum.Enum):
     KERNEL_ARGS = "kernel_args"  # list of ["a", array] / ["s", dtype, number]
     DIMS = "dims"  # list of 1 to 3 positive ints (grid, block)
     BUFFER = "buffer"  # index of an out-of-band buffer of the frame
+    HANDLES = "handles"  # list of handles
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +99,19 @@ CALLS: tuple[CallSpec, ...] = (
         _A,
         (("op", Arg.NAME), ("inputs", Arg.ARRAYS), ("outputs", Arg.ARRAYS), ("params", Arg.PARAMS)),
         "run an allow-listed op",
+    ),
+    CallSpec(
+        "launch_dynamic",
+        23,
+        _S,
+        (
+            ("op", Arg.NAME),
+            ("inputs", Arg.ARRAYS),
+            ("outputs", Arg.HANDLES),
+            ("params", Arg.PARAMS),
+        ),
+        "run an op whose output shapes depend on the data; its outputs become new buffers "
+        "under the given handles; returns their shapes and dtypes",
     ),
     CallSpec(
         "kernel_create",

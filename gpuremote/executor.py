@@ -400,6 +400,44 @@ class Executor:
             raise CallFailed(f"{op_name} writes outputs {want}, the call gave {got}")
         return op, [self._resolve(d) for d in inputs], [self._resolve(d) for d in outputs]
 
+    def _cmd_launch_dynamic(
+        self,
+        ctx: _Ctx,
+        op_name: str,
+        inputs: tuple[ArrayDesc, ...],
+        outputs: tuple[int, ...],
+        params: dict[str, Any],
+    ) -> Any:
+        op = OPS.get(op_name)
+        if op is None or op.dynamic is None:
+            raise CallFailed(f"{op_name!r} is not an op with data-dependent outputs")
+        infer(op_name, [(d.shape, d.dtype) for d in inputs], params)  # checks the inputs
+        for h in outputs:
+            self._new_handle(self.buffers, h, "buffer")
+        if len(set(outputs)) != len(outputs):
+            raise CallFailed("launch_dynamic output handles must differ")
+        ins = [self._resolve(d) for d in inputs]
+        budget = self.limits.max_device_bytes - self.device_bytes
+        results = self.backend.run_dynamic(op, ins, params, ctx.stream, budget)
+        if len(results) != len(outputs):
+            raise CallFailed(
+                f"{op_name} gives {len(results)} outputs, the call named {len(outputs)}"
+            )
+        total = sum(int(r.nbytes) for r in results)
+        if self.device_bytes + total > self.limits.max_device_bytes:
+            raise CallFailed(
+                f"{op_name}'s outputs of {total} bytes would make this session hold "
+                f"{self.device_bytes + total} bytes; its limit is {self.limits.max_device_bytes}"
+            )
+        metas: list[list[Any]] = []
+        for h, r in zip(outputs, results, strict=True):
+            flat = self.backend.as_buffer(r)
+            self.buffers[h] = flat
+            self.nbytes[h] = int(flat.nbytes)
+            self.device_bytes += int(flat.nbytes)
+            metas.append([list(r.shape), r.dtype.name])
+        return metas
+
     def _cmd_kernel_create(
         self, ctx: _Ctx, handle: int, kind: str, name: str, source: str, params: dict[str, Any]
     ) -> None:

@@ -38,6 +38,9 @@ class Op:
     run: Callable[[Any, Sequence[Any], Sequence[Any], Params], None]
     params: tuple[str, ...] = ()
     doc: str = ""
+    #: for ops whose output shapes depend on the data: computes and returns the outputs,
+    #: refusing (``OpError``) to make more than the given number of bytes
+    dynamic: Callable[[Any, Sequence[Any], Params, int], list[Any]] | None = None
 
 
 OPS: dict[str, Op] = {}
@@ -402,3 +405,7 @@ def _run_layer_norm(xp: Any, ins: Sequence[Any], outs: Sequence[Any], params: Pa
 _register(
     Op("layer_norm", (1, 3), _layer_norm_meta, _run_layer_norm, ("eps",), "layer norm, last axis")
 )
+
+
+# the array API standard's functions ("xp.<name>"), registered into OPS
+from . import apiops as _apiops  # noqa: E402, F401

@@ -58,6 +58,7 @@ MAX_NAME = 128
 MAX_TEXT = 1 << 20
 MAX_LIST = 64
 MAX_PARAMS = 32
+MAX_PARAM_LIST = 256  # ints in one list-valued param (an encoded index has four per item)
 
 #: dtypes that may cross the wire, by name
 DTYPES: dict[str, np.dtype[Any]] = {
@@ -326,6 +327,12 @@ def _check_handle(v: Any, name: str, ctx: DecodeContext) -> int:
     return _int(v, name, 0, MAX_HANDLE)
 
 
+def _check_handles(v: Any, name: str, ctx: DecodeContext) -> tuple[int, ...]:
+    if type(v) is not list or len(v) > MAX_LIST:
+        raise BadCommand(f"argument {name!r} must be a list of at most {MAX_LIST} handles")
+    return tuple([_int(h, name, 0, MAX_HANDLE) for h in v])
+
+
 def _check_size(v: Any, name: str, ctx: DecodeContext) -> int:
     return _int(v, name, 0, MAX_SIZE)
 
@@ -427,7 +434,7 @@ def _check_params(v: Any, name: str, ctx: DecodeContext) -> dict[str, Any]:
             if t is str and len(val) > MAX_NAME:
                 raise BadCommand(f"argument {name!r}: {key!r} is too long")
             continue
-        if t is list and len(val) <= ctx.limits.max_ndim and all(type(x) is int for x in val):
+        if t is list and len(val) <= MAX_PARAM_LIST and all(type(x) is int for x in val):
             continue
         raise BadCommand(f"argument {name!r}: value of {key!r} must be a scalar or a list of ints")
     return v
@@ -478,6 +485,7 @@ _CHECKS = {
     Arg.KERNEL_ARGS: _check_kernel_args,
     Arg.DIMS: _check_dims,
     Arg.BUFFER: _check_buffer,
+    Arg.HANDLES: _check_handles,
 }
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import threading
 import time
 from collections import deque
@@ -77,7 +78,7 @@ class Session:
         self._loop = asyncio.get_running_loop()
         self._thread = threading.get_ident()
         self._seq = 0
-        self._handle = 0
+        self._handles = itertools.count(1)
         self._queue: list[list[Any]] = []
         self._qbufs: list[memoryview] = []
         self._arrays: list[list[Any]] = []  # the next frame's array table
@@ -97,9 +98,8 @@ class Session:
 
     # -- handles ---------------------------------------------------------------------------
     def new_handle(self) -> int:
-        """A fresh client-chosen handle (no round trip)."""
-        self._handle += 1
-        return self._handle
+        """A fresh client-chosen handle (no round trip; safe from any thread)."""
+        return next(self._handles)
 
     def count_local(self, n: int = 1, shadow_bytes: int = 0) -> None:
         """Count a call answered on the client (``shadow_bytes``: what it saved moving)."""

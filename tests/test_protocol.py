@@ -54,6 +54,8 @@ def _value(kind: Arg, draw: Any, arrays: list[list[Any]]) -> Any:
 
     if kind in (Arg.HANDLE, Arg.SIZE):
         return draw(st.integers(0, 1 << 62))
+    if kind is Arg.HANDLES:
+        return draw(st.lists(st.integers(0, 1 << 62), max_size=4))
     if kind is Arg.INT:
         return draw(st.integers(-(2**62), 2**62))
     if kind is Arg.NUMBER:
@@ -108,7 +110,7 @@ def test_every_command_kind_round_trips(batch: Any) -> None:
                 assert [d.encode() for d in got] == [arrays[i] for i in sent]
             elif kind is Arg.KERNEL_ARGS:
                 assert len(got) == len(sent)
-            elif kind is Arg.DIMS:
+            elif kind in (Arg.DIMS, Arg.HANDLES):
                 assert list(got) == sent
             else:
                 assert got == sent

@@ -168,7 +168,25 @@ hostile_values = st.one_of(
     st.text(max_size=12),
     st.binary(max_size=12),
     st.lists(st.integers(-5, 1 << 40), max_size=40),
-    st.sampled_from(["add", "matmul", "exp", "fill", "transpose", "softmax", "os.system"]),
+    st.sampled_from(
+        [
+            "add",
+            "matmul",
+            "exp",
+            "fill",
+            "transpose",
+            "softmax",
+            "os.system",
+            "xp.getitem",
+            "xp.setitem",
+            "xp.full",
+            "xp.nonzero",
+            "xp.unique_all",
+            "xp.repeat_array",
+            "xp.linalg.svd",
+            "xp.concat",
+        ]
+    ),
 )
 descriptors = st.one_of(
     st.tuples(

@@ -77,6 +77,17 @@ class Backend(abc.ABC):
     ) -> None:
         """Run allow-listed op ``op`` (an ``ops.Op``) on ``stream``."""
 
+    def run_dynamic(
+        self, op: Any, ins: Sequence[Any], params: dict[str, Any], stream: Any, budget: int
+    ) -> list[Any]:
+        """Run op ``op`` whose output shapes depend on the data (making at most ``budget``
+        bytes where the inputs do not bound them); returns its outputs."""
+        return list(op.dynamic(self.xp, ins, params, budget))
+
+    def as_buffer(self, array: Any) -> Any:
+        """A buffer (flat ``uint8``) holding ``array``'s data in C order (a copy if needed)."""
+        return self.xp.ascontiguousarray(array).reshape(-1).view(self.xp.uint8)
+
     # streams and events
     @abc.abstractmethod
     def create_stream(self) -> Any: ...

@@ -62,6 +62,12 @@ class CupyBackend(Backend):
         with stream:
             op.run(cp, ins, outs, params)
 
+    def run_dynamic(
+        self, op: Any, ins: Sequence[Any], params: dict[str, Any], stream: Any, budget: int
+    ) -> list[Any]:
+        with stream:
+            return list(op.dynamic(cp, ins, params, budget))
+
     def create_stream(self) -> Any:
         return cp.cuda.Stream(non_blocking=True)
 

@@ -1,0 +1,149 @@
+"""``gpuremote.xp``: a Python array API namespace (standard 2024.12) whose arrays live on a
+gpuremote proxy.
+
+Code written against the array API standard runs on a remote GPU unchanged::
+
+    import gpuremote.xp as xp
+
+    xp.connect("tcp://gpu-box:5151")         # or GPUREMOTE_URL / gpuremote.toml, on first use
+    a = xp.asarray(numpy_data)               # ASYNC upload; the host copy is kept
+    b = xp.tanh(a @ a.T) + 1                 # ASYNC launches; shapes and dtypes known locally
+    if float(xp.max(b)) > 2: ...             # SYNC: brings one number back
+
+Synchronous like the standard, asynchronous underneath: every function that returns arrays
+is queued through the session's pipeline; only conversions to host values (``bool()``,
+``float()``, ``int()``, ``__index__``, ``np.asarray``, ``__dlpack__``, ``to_device("cpu")``)
+and functions whose output shape depends on the data (``nonzero``, ``unique_*``, boolean
+masks, ``repeat`` by an array) wait for the proxy. The session runs on an event loop in a
+background thread, so plain scripts need no asyncio.
+"""
+
+from __future__ import annotations
+
+import math as _math
+from typing import Any as _Any
+
+import numpy as _np
+
+from . import _standard, linalg
+from ._array import Array as Array
+from ._device import Device, default_device, set_default_device
+from ._functions import *  # noqa: F403
+from ._functions import _KINDS, isdtype
+
+__array_api_version__ = "2024.12"
+
+# dtypes (NumPy dtype objects: ``x.dtype == xp.float32`` as with NumPy)
+bool = _np.dtype("bool")
+int8 = _np.dtype("int8")
+int16 = _np.dtype("int16")
+int32 = _np.dtype("int32")
+int64 = _np.dtype("int64")
+uint8 = _np.dtype("uint8")
+uint16 = _np.dtype("uint16")
+uint32 = _np.dtype("uint32")
+uint64 = _np.dtype("uint64")
+float32 = _np.dtype("float32")
+float64 = _np.dtype("float64")
+complex64 = _np.dtype("complex64")
+complex128 = _np.dtype("complex128")
+
+e = _math.e
+inf = _math.inf
+nan = _math.nan
+pi = _math.pi
+newaxis = None
+
+_DTYPES = {
+    d.name: d
+    for d in (
+        bool, int8, int16, int32, int64, uint8, uint16, uint32, uint64,
+        float32, float64, complex64, complex128,
+    )
+}  # fmt: skip
+
+
+def connect(url: str | None = None, **options: _Any) -> Device:
+    """Connect to the proxy at ``url`` (else ``GPUREMOTE_URL``, the config file, the default)
+    and make it the default device. Options are those of ``gpuremote.connect`` (``secret=``,
+    pipeline settings). Use as ``with xp.connect(url):`` to close it at the end."""
+    device = Device(url, **options)
+    set_default_device(device)
+    return device
+
+
+def connect_local(backend: str = "numpy", url: str | None = None) -> Device:
+    """Serve a proxy inside this process (``backend`` numpy, cupy or auto; over ``url``,
+    default ``inproc://``) and connect to it as the default device: the whole gpuremote
+    path, for tests and for trying code without a proxy machine."""
+    device = Device(url, serve=backend)
+    set_default_device(device)
+    return device
+
+
+class _Info:
+    """What ``__array_namespace_info__()`` returns."""
+
+    def capabilities(self) -> dict[str, _Any]:
+        return {"boolean indexing": True, "data-dependent shapes": True, "max dimensions": 32}
+
+    def default_device(self) -> Device:
+        return default_device()
+
+    def devices(self) -> list[Device]:
+        return [default_device()]
+
+    def default_dtypes(self, *, device: _Any = None) -> dict[str, _Any]:
+        return {
+            "real floating": float64,
+            "complex floating": complex128,
+            "integral": int64,
+            "indexing": int64,
+        }
+
+    def dtypes(self, *, device: _Any = None, kind: _Any = None) -> dict[str, _Any]:
+        if kind is None:
+            return dict(_DTYPES)
+        return {n: d for n, d in _DTYPES.items() if isdtype(d, kind)}
+
+
+def __array_namespace_info__() -> _Info:
+    return _Info()
+
+
+def implemented() -> dict[str, list[str]]:
+    """The standard's functions (``linalg.`` and ``fft.`` for the extensions) that this
+    namespace implements, and those it does not."""
+    ns = globals()
+    names = [n for n in _standard.FUNCTIONS if callable(ns.get(n))]
+    names += [f"linalg.{n}" for n in _standard.LINALG if callable(getattr(linalg, n, None))]
+    every = [
+        *_standard.FUNCTIONS,
+        *(f"linalg.{n}" for n in _standard.LINALG),
+        *(f"fft.{n}" for n in _standard.FFT),
+    ]
+    return {"implemented": names, "missing": [n for n in every if n not in names]}
+
+
+__all__ = sorted(
+    {
+        *(n for n in _standard.FUNCTIONS if n in globals()),
+        *_DTYPES,
+        "Array",
+        "Device",
+        "__array_api_version__",
+        "connect",
+        "connect_local",
+        "default_device",
+        "e",
+        "implemented",
+        "inf",
+        "linalg",
+        "nan",
+        "newaxis",
+        "pi",
+        "set_default_device",
+    }
+)
+
+del _KINDS

@@ -1,0 +1,363 @@
+"""The array object of ``gpuremote.xp``: a C-contiguous array in a proxy buffer.
+
+Its metadata (``shape``, ``dtype``, ``device``, ...) is local; operators post ASYNC calls and
+return new arrays at once; only conversions to host values (``bool()``, ``float()``,
+``np.asarray``, ``__dlpack__``, ``to_device("cpu")``) wait for data.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..client import _dtype_name
+from ..errors import LocalProtocolError
+
+if TYPE_CHECKING:
+    from ._device import Buffer, Device
+
+__all__ = ["Array", "encode_index"]
+
+
+def encode_index(key: Any, shape: tuple[int, ...]) -> tuple[list[int], tuple[int, ...]]:
+    """A basic index (ints, slices, ``None``, ``...``) as the flat int list of the ``getitem``
+    op, and the shape it selects; raises ``IndexError`` for what the standard does not allow."""
+    items = key if isinstance(key, tuple) else (key,)
+    if sum(1 for it in items if it is Ellipsis) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    consumed = sum(1 for it in items if it is not None and it is not Ellipsis)
+    if consumed > len(shape):
+        raise IndexError(f"too many indices ({consumed}) for an array of {len(shape)} dimensions")
+    flat: list[int] = []
+    out: list[int] = []
+    dim = 0
+    for it in items:
+        if it is Ellipsis:
+            for _ in range(len(shape) - consumed):
+                flat += [1, 0, shape[dim], 1]
+                out.append(shape[dim])
+                dim += 1
+        elif it is None:
+            flat += [2, 0, 0, 0]
+            out.append(1)
+        elif isinstance(it, slice):
+            n = shape[dim]
+            start, stop, step = it.indices(n)
+            count = len(range(start, stop, step))
+            flat += [1, start if count else 0, count, step]
+            out.append(count)
+            dim += 1
+        elif isinstance(it, bool | np.bool_) or not hasattr(it, "__index__"):
+            raise IndexError(f"unsupported index {it!r}: use ints, slices, None, ... or an array")
+        else:
+            n, i = shape[dim], operator.index(it)
+            if not -n <= i < n:
+                raise IndexError(f"index {i} is out of bounds for a dimension of {n}")
+            flat += [0, i % n, 0, 0]
+            dim += 1
+    return flat, (*out, *shape[dim:])
+
+
+class Array:
+    """An array on a gpuremote device; see the module docstring."""
+
+    __slots__ = ("__weakref__", "_buf", "_device", "_wire", "dtype", "shape")
+    __array_ufunc__ = None  # NumPy operators defer to ours (no silent download)
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(
+        self, device: Device, buf: Buffer, shape: tuple[int, ...], dtype: np.dtype[Any]
+    ) -> None:
+        self._device = device
+        self._buf = buf
+        self.shape = shape
+        self.dtype = dtype
+        self._wire = [buf.handle, 0, list(shape), _dtype_name(dtype)]
+
+    # -- metadata (local) ------------------------------------------------------------------
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def device(self) -> Device:
+        return self._device
+
+    @property
+    def T(self) -> Array:
+        if self.ndim != 2:
+            raise ValueError(f".T needs a 2-D array, got {self.ndim} dimensions (use .mT)")
+        return _f.matrix_transpose(self)
+
+    @property
+    def mT(self) -> Array:
+        return _f.matrix_transpose(self)
+
+    def __array_namespace__(self, api_version: str | None = None) -> Any:
+        if api_version not in (None, "2023.12", "2024.12"):
+            raise ValueError(f"gpuremote.xp implements the array API 2024.12, not {api_version}")
+        return sys.modules["gpuremote.xp"]
+
+    def __repr__(self) -> str:
+        return f"Array(shape={self.shape}, dtype={self.dtype}, device={self._device.url})"
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d array")
+        return self.shape[0]
+
+    def __iter__(self) -> Iterator[Array]:
+        for i in range(len(self)):
+            yield self[i]
+
+    # -- data (these wait for the device) --------------------------------------------------
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
+        host = self._device.fetch(self)
+        return host if dtype is None else host.astype(dtype)
+
+    def to_device(self, device: Any, /, *, stream: Any = None) -> Any:
+        """``"cpu"``: a NumPy array of the data; another device: a copy on it."""
+        if device == "cpu":
+            return self._device.fetch(self)
+        if device is self._device:
+            return self
+        return device.upload(self._device.fetch(self))
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        """Export to the host (the data is downloaded; DLPack consumers get host memory)."""
+        host = self._device.fetch(self)
+        return host.__dlpack__(**{k: v for k, v in kwargs.items() if v is not None})
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)  # kDLCPU: __dlpack__ hands out a host copy
+
+    def _scalar(self, what: str) -> Any:
+        if self.size != 1:
+            raise TypeError(f"only arrays of one element can be converted to {what}")
+        return self._device.fetch(self).reshape(()).item()
+
+    def __bool__(self) -> bool:
+        return bool(self._scalar("bool"))
+
+    def __int__(self) -> int:
+        if self.dtype.kind == "c":
+            raise TypeError("int() of a complex array")
+        return int(self._scalar("int"))
+
+    def __float__(self) -> float:
+        if self.dtype.kind == "c":
+            raise TypeError("float() of a complex array")
+        return float(self._scalar("float"))
+
+    def __complex__(self) -> complex:
+        return complex(self._scalar("complex"))
+
+    def __index__(self) -> int:
+        if self.dtype.kind not in "iu":
+            raise TypeError(f"only integer arrays can be used as an index, not {self.dtype}")
+        return int(self._scalar("an index"))
+
+    # -- indexing --------------------------------------------------------------------------
+    def __getitem__(self, key: Any) -> Array:
+        if isinstance(key, Array):
+            if key.dtype.kind == "b":
+                return self._device.launch_dynamic("getitem_mask", [self, key], {}, 1)[0]
+            return self._device.launch("getitem_int", [self, key], {})[0]
+        flat, _ = encode_index(key, self.shape)
+        return self._device.launch("getitem", [self], {"index": flat})[0]
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        dev = self._device
+        arrays = [self]
+        params: dict[str, Any] = {}
+        if isinstance(key, Array):
+            if key.dtype.kind != "b":
+                raise IndexError("only boolean arrays can index an assignment")
+            arrays.append(key)
+            params["mask"] = True
+        else:
+            params["index"] = encode_index(key, self.shape)[0]
+        if isinstance(value, Array):
+            arrays.append(value)
+        elif type(value) in (bool, int, float) or isinstance(value, np.generic):
+            v = value.item() if isinstance(value, np.generic) else value
+            if type(v) is complex:
+                arrays.append(dev.upload(np.asarray(v, dtype=self.dtype)))
+            else:
+                params["scalar"] = v
+        else:
+            arrays.append(dev.upload(np.asarray(value, dtype=self.dtype)))
+        dev.launch("setitem", arrays, params, into=self)
+
+    # -- operators -------------------------------------------------------------------------
+    def __add__(self, other: Any) -> Array:
+        return _f._binary("add", self, other)
+
+    def __radd__(self, other: Any) -> Array:
+        return _f._binary("add", other, self)
+
+    def __iadd__(self, other: Any) -> Array:
+        return _f._binary("add", self, other, into=self)
+
+    def __sub__(self, other: Any) -> Array:
+        return _f._binary("subtract", self, other)
+
+    def __rsub__(self, other: Any) -> Array:
+        return _f._binary("subtract", other, self)
+
+    def __isub__(self, other: Any) -> Array:
+        return _f._binary("subtract", self, other, into=self)
+
+    def __mul__(self, other: Any) -> Array:
+        return _f._binary("multiply", self, other)
+
+    def __rmul__(self, other: Any) -> Array:
+        return _f._binary("multiply", other, self)
+
+    def __imul__(self, other: Any) -> Array:
+        return _f._binary("multiply", self, other, into=self)
+
+    def __truediv__(self, other: Any) -> Array:
+        return _f._binary("divide", self, other)
+
+    def __rtruediv__(self, other: Any) -> Array:
+        return _f._binary("divide", other, self)
+
+    def __itruediv__(self, other: Any) -> Array:
+        return _f._binary("divide", self, other, into=self)
+
+    def __floordiv__(self, other: Any) -> Array:
+        return _f._binary("floor_divide", self, other)
+
+    def __rfloordiv__(self, other: Any) -> Array:
+        return _f._binary("floor_divide", other, self)
+
+    def __ifloordiv__(self, other: Any) -> Array:
+        return _f._binary("floor_divide", self, other, into=self)
+
+    def __mod__(self, other: Any) -> Array:
+        return _f._binary("remainder", self, other)
+
+    def __rmod__(self, other: Any) -> Array:
+        return _f._binary("remainder", other, self)
+
+    def __imod__(self, other: Any) -> Array:
+        return _f._binary("remainder", self, other, into=self)
+
+    def __pow__(self, other: Any) -> Array:
+        return _f._binary("pow", self, other)
+
+    def __rpow__(self, other: Any) -> Array:
+        return _f._binary("pow", other, self)
+
+    def __ipow__(self, other: Any) -> Array:
+        return _f._binary("pow", self, other, into=self)
+
+    def __matmul__(self, other: Any) -> Array:
+        return _f.matmul(self, other)
+
+    def __rmatmul__(self, other: Any) -> Array:
+        return _f.matmul(other, self)
+
+    def __imatmul__(self, other: Any) -> Array:
+        return self._device.launch("matmul", [self, _f._array_like(other, self)], {}, into=self)[0]
+
+    def __and__(self, other: Any) -> Array:
+        return _f._binary("bitwise_and", self, other)
+
+    def __rand__(self, other: Any) -> Array:
+        return _f._binary("bitwise_and", other, self)
+
+    def __iand__(self, other: Any) -> Array:
+        return _f._binary("bitwise_and", self, other, into=self)
+
+    def __or__(self, other: Any) -> Array:
+        return _f._binary("bitwise_or", self, other)
+
+    def __ror__(self, other: Any) -> Array:
+        return _f._binary("bitwise_or", other, self)
+
+    def __ior__(self, other: Any) -> Array:
+        return _f._binary("bitwise_or", self, other, into=self)
+
+    def __xor__(self, other: Any) -> Array:
+        return _f._binary("bitwise_xor", self, other)
+
+    def __rxor__(self, other: Any) -> Array:
+        return _f._binary("bitwise_xor", other, self)
+
+    def __ixor__(self, other: Any) -> Array:
+        return _f._binary("bitwise_xor", self, other, into=self)
+
+    def __lshift__(self, other: Any) -> Array:
+        return _f._binary("bitwise_left_shift", self, other)
+
+    def __rlshift__(self, other: Any) -> Array:
+        return _f._binary("bitwise_left_shift", other, self)
+
+    def __ilshift__(self, other: Any) -> Array:
+        return _f._binary("bitwise_left_shift", self, other, into=self)
+
+    def __rshift__(self, other: Any) -> Array:
+        return _f._binary("bitwise_right_shift", self, other)
+
+    def __rrshift__(self, other: Any) -> Array:
+        return _f._binary("bitwise_right_shift", other, self)
+
+    def __irshift__(self, other: Any) -> Array:
+        return _f._binary("bitwise_right_shift", self, other, into=self)
+
+    def __eq__(self, other: Any) -> Array:  # type: ignore[override]
+        return _f._binary("equal", self, other)
+
+    def __ne__(self, other: Any) -> Array:  # type: ignore[override]
+        return _f._binary("not_equal", self, other)
+
+    def __lt__(self, other: Any) -> Array:
+        return _f._binary("less", self, other)
+
+    def __le__(self, other: Any) -> Array:
+        return _f._binary("less_equal", self, other)
+
+    def __gt__(self, other: Any) -> Array:
+        return _f._binary("greater", self, other)
+
+    def __ge__(self, other: Any) -> Array:
+        return _f._binary("greater_equal", self, other)
+
+    def __neg__(self) -> Array:
+        return _f._unary("negative", self)
+
+    def __pos__(self) -> Array:
+        return _f._unary("positive", self)
+
+    def __abs__(self) -> Array:
+        return _f._unary("abs", self)
+
+    def __invert__(self) -> Array:
+        return _f._unary("bitwise_invert", self)
+
+    def reshape(self, *shape: Any) -> Array:
+        """A view with another shape (local: our arrays are contiguous)."""
+        dims = shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape
+        return _f.reshape(self, tuple(dims))
+
+    def _check_open(self) -> None:
+        if self._device.closed:
+            raise LocalProtocolError(f"the array's device {self._device.url} is closed")
+
+
+from . import _functions as _f  # noqa: E402  (the functions use Array)

@@ -1,0 +1,322 @@
+"""A proxy connection driven from synchronous code: the session runs on an event loop in a
+background thread; array operations are posted to it without waiting, and only what brings
+data back (or has a data-dependent shape) waits for a reply.
+
+Posting is lock-free: calls go into a deque, and a drain callback is scheduled on the loop
+when none is pending. The drain hands them to the session's pipeline in order, which batches
+everything posted since the last drain into one frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import math
+import threading
+import weakref
+from collections import deque
+from collections.abc import Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+
+from ..aio import _uvloop
+from ..apiops import PREFIX, OpTypeError
+from ..calls import CALLS_BY_NAME, CallSpec
+from ..client import GPU
+from ..client import connect as _connect
+from ..errors import ConnectionClosed
+from ..framing import byte_view
+from ..ops import OpError, infer
+from ..protocol import DTYPES
+from ..session import BUFFER
+
+if TYPE_CHECKING:
+    from ._array import Array
+
+__all__ = ["Device", "default_device", "set_default_device"]
+
+T = TypeVar("T")
+_C = CALLS_BY_NAME
+_ALLOC, _FREE, _LAUNCH = _C["alloc"], _C["free"], _C["launch"]
+_COPY_H2D, _COPY_D2H, _DYNAMIC = _C["copy_h2d"], _C["copy_d2h"], _C["launch_dynamic"]
+
+_OPEN: weakref.WeakSet[Device] = weakref.WeakSet()
+
+
+class Buffer:
+    """A device buffer of the proxy, freed when the last array on it is gone; ``host`` is a
+    valid host copy of its bytes, if one is known (no round trip to read it)."""
+
+    __slots__ = ("__weakref__", "handle", "host", "nbytes")
+
+    def __init__(self, device: Device, handle: int, nbytes: int) -> None:
+        self.handle = handle
+        self.nbytes = nbytes
+        self.host: np.ndarray[Any, Any] | None = None
+        weakref.finalize(self, device._release, handle)
+
+
+def _raise_local(exc: OpError) -> None:
+    """The standard's exception type for what an op's checks refused."""
+    if isinstance(exc, OpTypeError):
+        raise TypeError(str(exc)) from None
+    raise ValueError(str(exc)) from None
+
+
+class Device:
+    """A connection to a gpuremote proxy, usable from plain synchronous code.
+
+    ``gpuremote.xp.connect(url)`` makes one (and makes it the default device); arrays carry
+    theirs as ``x.device``. ``close()`` (or a ``with`` block) ends the session.
+    """
+
+    def __init__(self, url: str | None = None, *, serve: str | None = None, **options: Any) -> None:
+        uv = _uvloop()
+        self._loop = uv.new_event_loop() if uv is not None else asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="gpuremote-xp", daemon=True
+        )
+        self._thread.start()
+        self._posted: deque[tuple[CallSpec, int, list[Any], memoryview | None]] = deque()
+        self._scheduled = False
+        self._error: BaseException | None = None
+        self.closed = False
+        self._proxy: Any = None
+
+        async def open_() -> GPU:
+            target = url
+            if serve is not None:  # a proxy of our own, on this loop
+                from ..proxy import Proxy
+
+                self._proxy = Proxy(serve)
+                target = await self._proxy.start(url or f"inproc://xp-{id(self):x}")
+            return await _connect(target, **options)
+
+        try:
+            self.gpu = self._run(open_())
+        except BaseException:
+            self._stop_loop()
+            raise
+        self.session = self.gpu._session
+        self.url = self.gpu.url
+        _OPEN.add(self)
+
+    # -- the loop thread -------------------------------------------------------------------
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("gpuremote.xp cannot be called from its own event loop thread")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def post(
+        self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None = None
+    ) -> None:
+        """Queue an ASYNC call (returns at once; it is sent with the next batch)."""
+        if self.closed:
+            raise ConnectionClosed(f"the device {self.url} is closed")
+        self._posted.append((spec, stream, args, buffer))
+        if not self._scheduled:
+            self._scheduled = True
+            try:
+                self._loop.call_soon_threadsafe(self._drain)
+            except RuntimeError:  # the loop is closed
+                self._scheduled = False
+
+    def _drain(self) -> None:
+        """On the loop: hand everything posted to the session, in order."""
+        self._scheduled = False
+        posted, submit = self._posted, self.session.submit
+        while posted:
+            item = posted.popleft()
+            try:
+                submit(*item)
+            except Exception as exc:
+                if self._error is None:
+                    self._error = exc
+
+    def _release(self, handle: int) -> None:
+        if not self.closed and self._error is None:
+            with contextlib.suppress(ConnectionClosed):
+                self.post(_FREE, 0, [handle])
+
+    async def _call(
+        self, spec: CallSpec, args: list[Any], buffer: memoryview | None = None
+    ) -> tuple[Any, list[memoryview]]:
+        self._drain()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        return await self.session.call(spec, 0, args, buffer)
+
+    def call(
+        self, spec: CallSpec, args: list[Any], buffer: memoryview | None = None
+    ) -> tuple[Any, list[memoryview]]:
+        """A SYNC call: sends everything posted before it, then waits for its reply."""
+        if self.closed:
+            raise ConnectionClosed(f"the device {self.url} is closed")
+        return self._run(self._call(spec, args, buffer))
+
+    # -- arrays ----------------------------------------------------------------------------
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Array:
+        """A new, uninitialised array (one ASYNC alloc)."""
+        from ._array import Array
+
+        nbytes = math.prod(shape) * dtype.itemsize
+        buf = Buffer(self, self.session.new_handle(), nbytes)
+        self.post(_ALLOC, 0, [buf.handle, nbytes])
+        return Array(self, buf, shape, dtype)
+
+    def upload(self, host: np.ndarray[Any, Any]) -> Array:
+        """A remote copy of ``host`` (ASYNC alloc and upload; the host copy is kept)."""
+        snap = np.array(host, order="C", copy=True)
+        if snap.dtype.name not in DTYPES:
+            raise TypeError(f"dtype {snap.dtype} is not supported by gpuremote")
+        out = self.empty(snap.shape, snap.dtype)
+        out._buf.host = snap.reshape(-1).view(np.uint8)
+        self.post(_COPY_H2D, 0, [out._wire, BUFFER], byte_view(snap))
+        return out
+
+    def meta(self, name: str, arrays: Sequence[Array], params: dict[str, Any]) -> list[Any]:
+        """Output shapes and dtypes of op ``xp.name`` (raising the standard's errors)."""
+        try:
+            return infer(PREFIX + name, [(a.shape, a.dtype) for a in arrays], params)
+        except OpError as exc:
+            _raise_local(exc)
+            raise  # unreachable
+
+    def launch(
+        self,
+        name: str,
+        arrays: Sequence[Array],
+        params: dict[str, Any],
+        into: Array | None = None,
+    ) -> list[Array]:
+        """Run op ``xp.name`` (ASYNC): new output arrays, or in place into ``into``."""
+        for a in arrays:
+            if a._device is not self:
+                raise ValueError(
+                    f"arrays on two devices ({a._device.url} and {self.url}) cannot be combined"
+                )
+        metas = self.meta(name, arrays, params)
+        if into is not None:
+            if metas != [(into.shape, into.dtype)]:
+                (shape, dt), *_ = metas
+                raise ValueError(
+                    f"in-place {name} would give shape {shape} and dtype {dt}, "
+                    f"not the array's {into.shape} and {into.dtype}"
+                )
+            into._buf.host = None
+            outs = [into]
+        else:
+            outs = [self.empty(shape, dt) for shape, dt in metas]
+        self.post(
+            _LAUNCH, 0, [PREFIX + name, [a._wire for a in arrays], [o._wire for o in outs], params]
+        )
+        return outs
+
+    def launch_dynamic(
+        self, name: str, arrays: Sequence[Array], params: dict[str, Any], n_out: int
+    ) -> list[Array]:
+        """Run op ``xp.name``, whose output shapes depend on the data (SYNC)."""
+        from ._array import Array
+
+        self.meta(name, arrays, params)
+        handles = [self.session.new_handle() for _ in range(n_out)]
+        value, _ = self.call(_DYNAMIC, [PREFIX + name, [a._wire for a in arrays], handles, params])
+        outs = []
+        for h, (shape, dtype) in zip(handles, value, strict=True):
+            dt = DTYPES[dtype]
+            buf = Buffer(self, h, math.prod(shape) * dt.itemsize)
+            outs.append(Array(self, buf, tuple(shape), dt))
+        return outs
+
+    def fetch(self, array: Array) -> np.ndarray[Any, Any]:
+        """The array's data on the host: its known host copy, else a device-to-host copy
+        (SYNC), which then becomes the known host copy."""
+        buf = array._buf
+        host = buf.host
+        if host is None:
+            value, bufs = self.call(_COPY_D2H, [array._wire])
+            host = np.frombuffer(bufs[value], dtype=np.uint8)
+            if array.nbytes == buf.nbytes:  # the whole buffer: keep it
+                buf.host = host
+        return host[: array.nbytes].view(array.dtype).reshape(array.shape).copy()
+
+    def synchronize(self) -> None:
+        """Wait until everything posted has run; raises the first deferred error."""
+        self.call(_C["device_synchronize"], [])
+
+    def stats(self) -> dict[str, Any]:
+        """The session's counters (calls per class, frames, round trips, bytes)."""
+        self._run(self._noop())
+        return self.gpu.stats()
+
+    async def _noop(self) -> None:
+        self._drain()
+
+    # -- lifetime --------------------------------------------------------------------------
+    def close(self) -> None:
+        """Send what is posted and close the session (idempotent)."""
+        if self.closed:
+            return
+        with contextlib.suppress(Exception):
+            self._run(self._close())
+        self.closed = True
+        self._stop_loop()
+        global _DEFAULT
+        if _DEFAULT is self:
+            _DEFAULT = None
+
+    async def _close(self) -> None:
+        self._drain()
+        await self.gpu.aclose()
+        if self._proxy is not None:
+            await self._proxy.close()
+
+    def _stop_loop(self) -> None:
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
+        if not self._loop.is_running():
+            self._loop.close()
+
+    def __enter__(self) -> Device:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else self.gpu.backend
+        return f"<gpuremote.xp.Device {self.url} ({state})>"
+
+
+_DEFAULT: Device | None = None
+
+
+def set_default_device(device: Device | None) -> None:
+    """Make ``device`` the one creation functions use when given no ``device=``."""
+    global _DEFAULT
+    _DEFAULT = device
+
+
+def default_device() -> Device:
+    """The default device; connects to the configured proxy URL on first use."""
+    global _DEFAULT
+    if _DEFAULT is None or _DEFAULT.closed:
+        _DEFAULT = Device()
+    return _DEFAULT
+
+
+@atexit.register
+def _close_all() -> None:
+    for device in list(_OPEN):
+        device.close()

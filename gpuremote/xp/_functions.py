@@ -1,0 +1,677 @@
+"""The functions of the ``gpuremote.xp`` namespace (array API standard 2024.12).
+
+Every function that returns arrays posts one ASYNC launch (plus an ASYNC alloc per output)
+and returns at once with arrays whose shape and dtype were computed locally. Functions whose
+output shape depends on the data (``nonzero``, ``unique_*``) make one SYNC call.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+import operator
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..apiops import _BINARY, _UNARY, promote, scalar_dtype
+from ..protocol import DTYPES
+from ._array import Array
+from ._device import Device, default_device
+
+_PY_SCALARS = (builtins.bool, int, float, complex)
+
+
+# -- helpers ----------------------------------------------------------------------------------
+def _dt(dtype: Any) -> np.dtype[Any]:
+    dt = np.dtype(dtype)
+    if dt.name not in DTYPES:
+        raise TypeError(f"dtype {dt} is not supported by gpuremote.xp")
+    return dt
+
+
+def _dtype_param(dtype: Any) -> str | None:
+    return None if dtype is None else _dt(dtype).name
+
+
+def _dev(device: Any, *arrays: Any) -> Device:
+    if device is not None:
+        if not isinstance(device, Device):
+            raise ValueError(f"{device!r} is not a gpuremote.xp device")
+        return device
+    for a in arrays:
+        if isinstance(a, Array):
+            return a._device
+    return default_device()
+
+
+def _axis(axis: Any) -> Any:
+    if axis is None or isinstance(axis, int):
+        return None if axis is None else operator.index(axis)
+    return [operator.index(a) for a in axis]
+
+
+def _array_like(x: Any, like: Array) -> Array:
+    """``x`` as an array on ``like``'s device (host data is uploaded)."""
+    if isinstance(x, Array):
+        return x
+    if isinstance(x, (*_PY_SCALARS, np.generic)):
+        v = x.item() if isinstance(x, np.generic) else x
+        return like._device.upload(np.asarray(v, dtype=scalar_dtype(like.dtype, v)))
+    if isinstance(x, np.ndarray):
+        return like._device.upload(x)
+    raise TypeError(f"expected an array or a Python scalar, got {type(x).__name__}")
+
+
+def _unary(name: str, x: Any, into: Array | None = None) -> Array:
+    if not isinstance(x, Array):
+        raise TypeError(f"{name} takes an array, got {type(x).__name__}")
+    return x._device.launch(name, [x], {}, into=into)[0]
+
+
+def _binary(name: str, x1: Any, x2: Any, into: Array | None = None) -> Array:
+    """``name(x1, x2)``: two arrays, or an array and a Python scalar (which travels as a
+    param and takes the array's dtype, as the standard says)."""
+    if isinstance(x1, Array) and isinstance(x2, Array):
+        return x1._device.launch(name, [x1, x2], {}, into=into)[0]
+    if isinstance(x1, Array):
+        arr, s, reverse = x1, x2, False
+    elif isinstance(x2, Array):
+        arr, s, reverse = x2, x1, True
+    else:
+        raise TypeError(f"{name} needs at least one array argument")
+    if isinstance(s, np.generic):
+        s = s.item()
+    if type(s) not in _PY_SCALARS:
+        other = _array_like(s, arr)
+        pair = [other, arr] if reverse else [arr, other]
+        return arr._device.launch(name, pair, {}, into=into)[0]
+    scalar_dtype(arr.dtype, s)  # the standard's TypeError/OverflowError, raised here
+    if type(s) is complex or (type(s) is int and not -(2**63) <= s < 2**63):
+        if type(s) is int:
+            s = float(s)
+        else:
+            other = _array_like(s, arr)
+            pair = [other, arr] if reverse else [arr, other]
+            return arr._device.launch(name, pair, {}, into=into)[0]
+    params: dict[str, Any] = {"scalar": s}
+    if reverse:
+        params["reverse"] = True
+    return arr._device.launch(name, [arr], params, into=into)[0]
+
+
+def _one(name: str, x: Array, **params: Any) -> Array:
+    if not isinstance(x, Array):
+        raise TypeError(f"{name} takes an array, got {type(x).__name__}")
+    return x._device.launch(name, [x], params)[0]
+
+
+def _make_unary(name: str) -> Any:
+    def fn(x: Array, /) -> Array:
+        return _unary(name, x)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"Element-wise ``{name}`` (array API)."
+    return fn
+
+
+def _make_binary(name: str) -> Any:
+    def fn(x1: Any, x2: Any, /) -> Array:
+        return _binary(name, x1, x2)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"Element-wise ``{name}`` (array API); either argument may be a Python scalar."
+    return fn
+
+
+ELEMENTWISE: dict[str, Any] = {n: _make_unary(n) for n in _UNARY}
+ELEMENTWISE.update({n: _make_binary(n) for n in _BINARY})
+
+
+def clip(x: Array, /, min: Any = None, max: Any = None) -> Array:
+    """Clamp ``x`` to ``[min, max]``; bounds are scalars or arrays."""
+    arrays = [x]
+    params: dict[str, Any] = {}
+    for key, bound in (("min", min), ("max", max)):
+        if isinstance(bound, Array):
+            arrays.append(bound)
+            params[f"n_{key}"] = 1
+        elif bound is not None:
+            params[key] = bound.item() if isinstance(bound, np.generic) else bound
+    return x._device.launch("clip", arrays, params)[0]
+
+
+# -- creation ---------------------------------------------------------------------------------
+def _shape(shape: Any) -> tuple[int, ...]:
+    if isinstance(shape, int):
+        return (operator.index(shape),)
+    return tuple(operator.index(d) for d in shape)
+
+
+def _default_dtype(value: Any) -> np.dtype[Any]:
+    if isinstance(value, builtins.bool | np.bool_):
+        return np.dtype(np.bool_)
+    if isinstance(value, int):
+        return np.dtype(np.int64)
+    if isinstance(value, complex):
+        return np.dtype(np.complex128)
+    if isinstance(value, np.generic):
+        return value.dtype
+    return np.dtype(np.float64)
+
+
+def asarray(
+    obj: Any, /, *, dtype: Any = None, device: Any = None, copy: builtins.bool | None = None
+) -> Array:
+    """An array from ``obj`` (an array, a scalar, a nested sequence, or any host array or
+    buffer); host data is copied at once and uploaded ASYNC."""
+    if isinstance(obj, Array):
+        out = obj
+        if device is not None and device is not obj._device:
+            if copy is False:
+                raise ValueError("asarray(copy=False) cannot move an array to another device")
+            out = obj.to_device(device)
+        if dtype is not None and _dt(dtype) != out.dtype:
+            if copy is False:
+                raise ValueError("asarray(copy=False) cannot change the dtype")
+            return astype(out, dtype)
+        return astype(out, out.dtype, copy=True) if copy and out is obj else out
+    if copy is False:
+        raise ValueError("asarray(copy=False) of host data would need a copy to the device")
+    dev = _dev(device)
+    if dtype is None and isinstance(obj, _PY_SCALARS):
+        dtype = _default_dtype(obj)
+    host = np.asarray(obj, dtype=None if dtype is None else _dt(dtype))
+    if host.dtype == np.float16 and dtype is None:
+        host = host.astype(np.float32)
+    return dev.upload(host)
+
+
+def empty(shape: Any, *, dtype: Any = None, device: Any = None) -> Array:
+    """An uninitialised array (one ASYNC alloc)."""
+    return _dev(device).empty(_shape(shape), _dt(dtype or np.float64))
+
+
+def full(shape: Any, fill_value: Any, *, dtype: Any = None, device: Any = None) -> Array:
+    """An array of ``fill_value``."""
+    dt = _dt(dtype) if dtype is not None else _default_dtype(fill_value)
+    v = fill_value.item() if isinstance(fill_value, np.generic) else fill_value
+    params: dict[str, Any] = {"shape": list(_shape(shape)), "dtype": dt.name}
+    if isinstance(v, complex):
+        params.update(value=v.real, imag=v.imag)
+    else:
+        params["value"] = v
+    return _dev(device).launch("full", [], params)[0]
+
+
+def zeros(shape: Any, *, dtype: Any = None, device: Any = None) -> Array:
+    return full(shape, 0, dtype=dtype or np.float64, device=device)
+
+
+def ones(shape: Any, *, dtype: Any = None, device: Any = None) -> Array:
+    return full(shape, 1, dtype=dtype or np.float64, device=device)
+
+
+def empty_like(x: Array, /, *, dtype: Any = None, device: Any = None) -> Array:
+    return empty(x.shape, dtype=dtype or x.dtype, device=_dev(device, x))
+
+
+def zeros_like(x: Array, /, *, dtype: Any = None, device: Any = None) -> Array:
+    return full(x.shape, 0, dtype=dtype or x.dtype, device=_dev(device, x))
+
+
+def ones_like(x: Array, /, *, dtype: Any = None, device: Any = None) -> Array:
+    return full(x.shape, 1, dtype=dtype or x.dtype, device=_dev(device, x))
+
+
+def full_like(x: Array, /, fill_value: Any, *, dtype: Any = None, device: Any = None) -> Array:
+    return full(x.shape, fill_value, dtype=dtype or x.dtype, device=_dev(device, x))
+
+
+def arange(
+    start: Any, /, stop: Any = None, step: Any = 1, *, dtype: Any = None, device: Any = None
+) -> Array:
+    if stop is None:
+        start, stop = 0, start
+    params = {"start": start, "stop": stop, "step": step, "dtype": _dtype_param(dtype)}
+    return _dev(device).launch("arange", [], params)[0]
+
+
+def eye(
+    n_rows: int,
+    n_cols: int | None = None,
+    /,
+    *,
+    k: int = 0,
+    dtype: Any = None,
+    device: Any = None,
+) -> Array:
+    params = {
+        "n_rows": n_rows,
+        "n_cols": n_rows if n_cols is None else n_cols,
+        "k": k,
+        "dtype": _dtype_param(dtype),
+    }
+    return _dev(device).launch("eye", [], params)[0]
+
+
+def linspace(
+    start: Any,
+    stop: Any,
+    /,
+    num: int,
+    *,
+    dtype: Any = None,
+    device: Any = None,
+    endpoint: builtins.bool = True,
+) -> Array:
+    if isinstance(start, complex) or isinstance(stop, complex):
+        raise TypeError("gpuremote.xp.linspace supports real start and stop only")
+    params = {
+        "start": start,
+        "stop": stop,
+        "num": num,
+        "endpoint": endpoint,
+        "dtype": _dtype_param(dtype),
+    }
+    return _dev(device).launch("linspace", [], params)[0]
+
+
+def meshgrid(*arrays: Array, indexing: str = "xy") -> list[Array]:
+    if not arrays:
+        return []
+    return arrays[0]._device.launch("meshgrid", list(arrays), {"indexing": indexing})
+
+
+def tril(x: Array, /, *, k: int = 0) -> Array:
+    return _one("tril", x, k=k)
+
+
+def triu(x: Array, /, *, k: int = 0) -> Array:
+    return _one("triu", x, k=k)
+
+
+def from_dlpack(x: Any, /, *, device: Any = None, copy: builtins.bool | None = None) -> Array:
+    """An array from a DLPack producer (host memory), or a gpuremote array itself."""
+    if isinstance(x, Array):
+        return asarray(x, device=device, copy=copy)
+    return _dev(device).upload(np.from_dlpack(x))
+
+
+# -- data types (all local) -------------------------------------------------------------------
+def astype(x: Array, dtype: Any, /, *, copy: builtins.bool = True, device: Any = None) -> Array:
+    dt = _dt(dtype)
+    if device is not None and device is not x._device:
+        x = x.to_device(device)
+    if dt == x.dtype and not copy:
+        return x
+    return x._device.launch("astype", [x], {"dtype": dt.name})[0]
+
+
+_GROUP = {"b": 0, "i": 1, "u": 1, "f": 2, "c": 3}
+
+
+def _as_dtype(x: Any) -> np.dtype[Any]:
+    return x.dtype if isinstance(x, Array) else _dt(x)
+
+
+def can_cast(from_: Any, to: Any, /) -> builtins.bool:
+    """Whether the standard's promotion rules allow casting ``from_`` to ``to`` (within a
+    kind, or real floating to complex)."""
+    a, b = _as_dtype(from_), _dt(to)
+    if a == b:
+        return True
+    ga, gb = _GROUP[a.kind], _GROUP[b.kind]
+    if ga != gb and not (ga == 2 and gb == 3):
+        return False
+    return builtins.bool(np.result_type(a, b) == b)
+
+
+def finfo(type: Any, /) -> Any:
+    return np.finfo(_as_dtype(type))
+
+
+def iinfo(type: Any, /) -> Any:
+    return np.iinfo(_as_dtype(type))
+
+
+_KINDS = {
+    "bool": "b",
+    "signed integer": "i",
+    "unsigned integer": "u",
+    "integral": "iu",
+    "real floating": "f",
+    "complex floating": "c",
+    "numeric": "iufc",
+}
+
+
+def isdtype(dtype: Any, kind: Any) -> builtins.bool:
+    dt = _dt(dtype)
+    if isinstance(kind, tuple):
+        return builtins.any(isdtype(dt, k) for k in kind)
+    if isinstance(kind, str):
+        if kind not in _KINDS:
+            raise ValueError(f"unknown dtype kind {kind!r}")
+        return dt.kind in _KINDS[kind]
+    return dt == _dt(kind)
+
+
+def result_type(*arrays_and_dtypes: Any) -> np.dtype[Any]:
+    """The standard's promotion of arrays, dtypes and (at least one array or dtype besides)
+    Python scalars."""
+    dtypes = [_as_dtype(a) for a in arrays_and_dtypes if not isinstance(a, _PY_SCALARS)]
+    if not dtypes:
+        raise ValueError("result_type needs at least one array or dtype")
+    out = promote(*dtypes)
+    for s in arrays_and_dtypes:
+        if isinstance(s, _PY_SCALARS):
+            out = scalar_dtype(out, s)
+    return out
+
+
+# -- manipulation -----------------------------------------------------------------------------
+def broadcast_to(x: Array, /, shape: Any) -> Array:
+    return _one("broadcast_to", x, shape=list(_shape(shape)))
+
+
+def broadcast_arrays(*arrays: Array) -> list[Array]:
+    shape = tuple(np.broadcast_shapes(*(a.shape for a in arrays)))
+    return [a if a.shape == shape else broadcast_to(a, shape) for a in arrays]
+
+
+def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(np.broadcast_shapes(*shapes))
+
+
+def concat(arrays: Sequence[Array], /, *, axis: int | None = 0) -> Array:
+    return arrays[0]._device.launch("concat", list(arrays), {"axis": axis})[0]
+
+
+def stack(arrays: Sequence[Array], /, *, axis: int = 0) -> Array:
+    return arrays[0]._device.launch("stack", list(arrays), {"axis": axis})[0]
+
+
+def expand_dims(x: Array, /, axis: int = 0) -> Array:
+    return _one("expand_dims", x, axis=axis)
+
+
+def flip(x: Array, /, *, axis: Any = None) -> Array:
+    return _one("flip", x, axis=_axis(axis))
+
+
+def roll(x: Array, /, shift: Any, *, axis: Any = None) -> Array:
+    return _one("roll", x, shift=_axis(shift), axis=_axis(axis))
+
+
+def moveaxis(x: Array, source: Any, destination: Any, /) -> Array:
+    return _one("moveaxis", x, source=_axis(source), destination=_axis(destination))
+
+
+def permute_dims(x: Array, /, axes: Sequence[int]) -> Array:
+    return _one("permute_dims", x, axes=_axis(axes))
+
+
+def squeeze(x: Array, /, axis: Any) -> Array:
+    return _one("squeeze", x, axis=_axis(axis))
+
+
+def tile(x: Array, repetitions: Sequence[int], /) -> Array:
+    return _one("tile", x, repetitions=list(_shape(repetitions)))
+
+
+def repeat(x: Array, repeats: Any, /, *, axis: int | None = None) -> Array:
+    """Repeat elements; ``repeats`` as an array makes the output shape data-dependent (SYNC)."""
+    if isinstance(repeats, Array):
+        return x._device.launch_dynamic("repeat_array", [x, repeats], {"axis": axis}, 1)[0]
+    return _one("repeat", x, repeats=operator.index(repeats), axis=axis)
+
+
+def unstack(x: Array, /, *, axis: int = 0) -> tuple[Array, ...]:
+    return tuple(x._device.launch("unstack", [x], {"axis": axis}))
+
+
+def reshape(x: Array, /, shape: Any, *, copy: builtins.bool | None = None) -> Array:
+    """Another shape of the same data: a view (local; no call is sent), or a copy with
+    ``copy=True``."""
+    dims = _shape(shape)
+    if dims.count(-1) > 1:
+        raise ValueError("reshape takes at most one -1")
+    if -1 in dims:
+        known = math.prod(d for d in dims if d != -1)
+        if known == 0 or x.size % known:
+            raise ValueError(f"cannot reshape {x.shape} into {dims}")
+        dims = tuple(x.size // known if d == -1 else d for d in dims)
+    if math.prod(dims) != x.size or builtins.any(d < 0 for d in dims):
+        raise ValueError(f"cannot reshape {x.shape} into {dims}")
+    if copy:
+        x = astype(x, x.dtype, copy=True)
+    return Array(x._device, x._buf, dims, x.dtype)
+
+
+# -- linear algebra ---------------------------------------------------------------------------
+def matmul(x1: Array, x2: Array, /) -> Array:
+    if not isinstance(x1, Array):
+        x1 = _array_like(x1, x2)
+    if not isinstance(x2, Array):
+        x2 = _array_like(x2, x1)
+    return x1._device.launch("matmul", [x1, x2], {})[0]
+
+
+def matrix_transpose(x: Array, /) -> Array:
+    return _one("matrix_transpose", x)
+
+
+def tensordot(x1: Array, x2: Array, /, *, axes: Any = 2) -> Array:
+    if isinstance(axes, int):
+        params: dict[str, Any] = {"axes": axes}
+    else:
+        params = {"axes1": _axis(axes[0]), "axes2": _axis(axes[1])}
+    return x1._device.launch("tensordot", [x1, x2], params)[0]
+
+
+def vecdot(x1: Array, x2: Array, /, *, axis: int = -1) -> Array:
+    return x1._device.launch("vecdot", [x1, x2], {"axis": axis})[0]
+
+
+# -- searching, sorting, sets -----------------------------------------------------------------
+def argmax(x: Array, /, *, axis: int | None = None, keepdims: builtins.bool = False) -> Array:
+    return _one("argmax", x, axis=axis, keepdims=keepdims)
+
+
+def argmin(x: Array, /, *, axis: int | None = None, keepdims: builtins.bool = False) -> Array:
+    return _one("argmin", x, axis=axis, keepdims=keepdims)
+
+
+def count_nonzero(x: Array, /, *, axis: Any = None, keepdims: builtins.bool = False) -> Array:
+    return _one("count_nonzero", x, axis=_axis(axis), keepdims=keepdims)
+
+
+def nonzero(x: Array, /) -> tuple[Array, ...]:
+    """Indices of the non-zero elements (SYNC: the output shape depends on the data)."""
+    return tuple(x._device.launch_dynamic("nonzero", [x], {}, x.ndim))
+
+
+def searchsorted(
+    x1: Array, x2: Array, /, *, side: str = "left", sorter: Array | None = None
+) -> Array:
+    arrays = [x1, x2] if sorter is None else [x1, x2, sorter]
+    return x1._device.launch("searchsorted", arrays, {"side": side})[0]
+
+
+def where(condition: Array, x1: Any, x2: Any, /) -> Array:
+    dev = condition._device
+    if isinstance(x1, Array) and isinstance(x2, Array):
+        return dev.launch("where", [condition, x1, x2], {})[0]
+    if isinstance(x1, Array) or isinstance(x2, Array):
+        arr, s, reverse = (x1, x2, False) if isinstance(x1, Array) else (x2, x1, True)
+        s = s.item() if isinstance(s, np.generic) else s
+        if type(s) in (builtins.bool, int, float):
+            params: dict[str, Any] = {"scalar": s}
+            if reverse:
+                params["reverse"] = True
+            return dev.launch("where", [condition, arr], params)[0]
+        other = _array_like(s, arr)
+        pair = [other, arr] if reverse else [arr, other]
+        return dev.launch("where", [condition, *pair], {})[0]
+    raise TypeError("where needs at least one of x1 and x2 to be an array")
+
+
+class UniqueAllResult(NamedTuple):
+    values: Array
+    indices: Array
+    inverse_indices: Array
+    counts: Array
+
+
+class UniqueCountsResult(NamedTuple):
+    values: Array
+    counts: Array
+
+
+class UniqueInverseResult(NamedTuple):
+    values: Array
+    inverse_indices: Array
+
+
+def unique_all(x: Array, /) -> UniqueAllResult:
+    return UniqueAllResult(*x._device.launch_dynamic("unique_all", [x], {}, 4))
+
+
+def unique_counts(x: Array, /) -> UniqueCountsResult:
+    return UniqueCountsResult(*x._device.launch_dynamic("unique_counts", [x], {}, 2))
+
+
+def unique_inverse(x: Array, /) -> UniqueInverseResult:
+    return UniqueInverseResult(*x._device.launch_dynamic("unique_inverse", [x], {}, 2))
+
+
+def unique_values(x: Array, /) -> Array:
+    return x._device.launch_dynamic("unique_values", [x], {}, 1)[0]
+
+
+def isin(x1: Array, x2: Array, /, *, invert: builtins.bool = False) -> Array:
+    return x1._device.launch("isin", [x1, x2], {"invert": invert})[0]
+
+
+def sort(
+    x: Array, /, *, axis: int = -1, descending: builtins.bool = False, stable: builtins.bool = True
+) -> Array:
+    return _one("sort", x, axis=axis, descending=descending, stable=stable)
+
+
+def argsort(
+    x: Array, /, *, axis: int = -1, descending: builtins.bool = False, stable: builtins.bool = True
+) -> Array:
+    return _one("argsort", x, axis=axis, descending=descending, stable=stable)
+
+
+# -- statistics and utilities -----------------------------------------------------------------
+def _reduce(name: str, x: Array, axis: Any, keepdims: builtins.bool, **params: Any) -> Array:
+    return _one(name, x, axis=_axis(axis), keepdims=keepdims, **params)
+
+
+def sum(
+    x: Array, /, *, axis: Any = None, dtype: Any = None, keepdims: builtins.bool = False
+) -> Array:
+    return _reduce("sum", x, axis, keepdims, dtype=_dtype_param(dtype))
+
+
+def prod(
+    x: Array, /, *, axis: Any = None, dtype: Any = None, keepdims: builtins.bool = False
+) -> Array:
+    return _reduce("prod", x, axis, keepdims, dtype=_dtype_param(dtype))
+
+
+def max(x: Array, /, *, axis: Any = None, keepdims: builtins.bool = False) -> Array:
+    return _reduce("max", x, axis, keepdims)
+
+
+def min(x: Array, /, *, axis: Any = None, keepdims: builtins.bool = False) -> Array:
+    return _reduce("min", x, axis, keepdims)
+
+
+def mean(x: Array, /, *, axis: Any = None, keepdims: builtins.bool = False) -> Array:
+    return _reduce("mean", x, axis, keepdims)
+
+
+def std(
+    x: Array, /, *, axis: Any = None, correction: float = 0.0, keepdims: builtins.bool = False
+) -> Array:
+    return _reduce("std", x, axis, keepdims, correction=correction)
+
+
+def var(
+    x: Array, /, *, axis: Any = None, correction: float = 0.0, keepdims: builtins.bool = False
+) -> Array:
+    return _reduce("var", x, axis, keepdims, correction=correction)
+
+
+def all(x: Array, /, *, axis: Any = None, keepdims: builtins.bool = False) -> Array:
+    return _reduce("all", x, axis, keepdims)
+
+
+def any(x: Array, /, *, axis: Any = None, keepdims: builtins.bool = False) -> Array:
+    return _reduce("any", x, axis, keepdims)
+
+
+def cumulative_sum(
+    x: Array,
+    /,
+    *,
+    axis: int | None = None,
+    dtype: Any = None,
+    include_initial: builtins.bool = False,
+) -> Array:
+    return _one(
+        "cumulative_sum", x, axis=axis, dtype=_dtype_param(dtype), include_initial=include_initial
+    )
+
+
+def cumulative_prod(
+    x: Array,
+    /,
+    *,
+    axis: int | None = None,
+    dtype: Any = None,
+    include_initial: builtins.bool = False,
+) -> Array:
+    return _one(
+        "cumulative_prod", x, axis=axis, dtype=_dtype_param(dtype), include_initial=include_initial
+    )
+
+
+def diff(
+    x: Array,
+    /,
+    *,
+    axis: int = -1,
+    n: int = 1,
+    prepend: Array | None = None,
+    append: Array | None = None,
+) -> Array:
+    arrays = [x]
+    params: dict[str, Any] = {"axis": axis, "n": n}
+    for key, extra in (("has_prepend", prepend), ("has_append", append)):
+        if extra is not None:
+            arrays.append(_array_like(extra, x))
+            params[key] = True
+    return x._device.launch("diff", arrays, params)[0]
+
+
+def take(x: Array, indices: Array, /, *, axis: int | None = None) -> Array:
+    return x._device.launch("take", [x, indices], {"axis": axis})[0]
+
+
+def take_along_axis(x: Array, indices: Array, /, *, axis: int = -1) -> Array:
+    return x._device.launch("take_along_axis", [x, indices], {"axis": axis})[0]
+
+
+globals().update(ELEMENTWISE)
+
+__all__ = sorted(
+    n
+    for n, v in list(globals().items())
+    if not n.startswith("_") and getattr(v, "__module__", None) == __name__
+)
