@@ -25,7 +25,7 @@ from typing import Any as _Any
 
 import numpy as _np
 
-from . import _standard, linalg
+from . import _standard, fft, linalg
 from ._array import Array as Array
 from ._device import Device, default_device, set_default_device
 from ._functions import *  # noqa: F403
@@ -117,6 +117,7 @@ def implemented() -> dict[str, list[str]]:
     ns = globals()
     names = [n for n in _standard.FUNCTIONS if callable(ns.get(n))]
     names += [f"linalg.{n}" for n in _standard.LINALG if callable(getattr(linalg, n, None))]
+    names += [f"fft.{n}" for n in _standard.FFT if callable(getattr(fft, n, None))]
     every = [
         *_standard.FUNCTIONS,
         *(f"linalg.{n}" for n in _standard.LINALG),
@@ -136,6 +137,7 @@ __all__ = sorted(
         "connect_local",
         "default_device",
         "e",
+        "fft",
         "implemented",
         "inf",
         "linalg",
