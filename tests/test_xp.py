@@ -19,10 +19,12 @@ from hypothesis.extra import numpy as hnp
 
 import gpuremote.xp as xp
 from gpuremote.apiops import _BINARY, _UNARY, CATEGORIES
+from gpuremote.calls import CALLS_BY_NAME
 from gpuremote.errors import RemoteCallError
 from gpuremote.xp import Device
 
 strict.set_array_api_strict_flags(api_version="2024.12")
+_STATS = CALLS_BY_NAME["stats"]
 
 STD_DTYPES = [
     np.dtype(n)
@@ -882,3 +884,25 @@ def test_the_readme_example_runs() -> None:
         [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=True
     ).stdout
     assert "OK, equal to NumPy's" in out and "round trips" in out
+
+
+def test_arrays_free_their_buffers_when_they_go() -> None:
+    """Every buffer the namespace allocates (results, intermediates, dynamic outputs) is freed
+    on the proxy once no array refers to it; closing frees the rest."""
+    import gc
+
+    with Device(serve="numpy") as device:
+        held = device.call(_STATS, [])[0]["buffers"]
+        a = xp.asarray(np.arange(12.0).reshape(3, 4), device=device)
+        for _ in range(50):
+            b = xp.tanh(a @ a.T) + 1.0
+            c = b[b > 1.5]
+            u = xp.unique_values(xp.round(c))
+        del a, b, c, u
+        gc.collect()
+        device.synchronize()
+        assert device.call(_STATS, [])[0]["buffers"] == held
+        proxy = device._proxy
+        x = xp.ones(1000, device=device)
+        assert x.size == 1000
+    assert proxy.stats()["buffers"] == 0 and proxy.stats()["sessions"] == 0
