@@ -101,6 +101,13 @@ CALLS: tuple[CallSpec, ...] = (
         "run an allow-listed op",
     ),
     CallSpec(
+        "launch_new",
+        24,
+        _A,
+        (("op", Arg.NAME), ("inputs", Arg.ARRAYS), ("outputs", Arg.ARRAYS), ("params", Arg.PARAMS)),
+        "allocate each output's buffer (the output at offset 0 fills it), then launch",
+    ),
+    CallSpec(
         "launch_dynamic",
         23,
         _S,

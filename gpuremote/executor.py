@@ -43,6 +43,9 @@ _MANAGEMENT = frozenset(
     }
 )
 
+#: calls whose first argument is an op name (named in their errors)
+_LAUNCHES = frozenset({"launch", "launch_new", "launch_dynamic"})
+
 
 class CallFailed(Exception):
     """A command cannot run; the message goes back to the client."""
@@ -138,6 +141,9 @@ class Executor:
                 continue
             if cmd.stream in self._poisoned and spec.name not in _MANAGEMENT:
                 self._skipped += 1
+                if spec.name == "launch_new":  # skip the work, but make the buffers it names
+                    with contextlib.suppress(CallFailed):
+                        self._alloc_outputs(cmd.args[2])
                 if cmd.ack:
                     replies.append(Reply(cmd.seq, True, None))
                 continue
@@ -150,7 +156,7 @@ class Executor:
                 ctx.stream_handle = cmd.stream
                 value = dispatch[spec.name](ctx, *cmd.args)
             except Exception as exc:
-                op = cmd.args[0] if spec.name == "launch" else None
+                op = cmd.args[0] if spec.name in _LAUNCHES else None
                 kind = "CallFailed" if isinstance(exc, CallFailed) else type(exc).__name__
                 self._fail_async_or_reply(
                     cmd.seq,
@@ -290,6 +296,9 @@ class Executor:
         return self._admin(token)
 
     def _cmd_alloc(self, ctx: _Ctx, handle: int, nbytes: int) -> None:
+        self._alloc(handle, nbytes)
+
+    def _alloc(self, handle: int, nbytes: int) -> None:
         self._new_handle(self.buffers, handle, "buffer")
         if self.device_bytes + nbytes > self.limits.max_device_bytes:
             raise CallFailed(
@@ -399,6 +408,23 @@ class Executor:
             want = [(s, str(d)) for s, d in metas]
             raise CallFailed(f"{op_name} writes outputs {want}, the call gave {got}")
         return op, [self._resolve(d) for d in inputs], [self._resolve(d) for d in outputs]
+
+    def _cmd_launch_new(
+        self,
+        ctx: _Ctx,
+        op_name: str,
+        inputs: tuple[ArrayDesc, ...],
+        outputs: tuple[ArrayDesc, ...],
+        params: dict[str, Any],
+    ) -> None:
+        self._alloc_outputs(outputs)
+        self._cmd_launch(ctx, op_name, inputs, outputs, params)
+
+    def _alloc_outputs(self, outputs: tuple[ArrayDesc, ...]) -> None:
+        for d in outputs:
+            if d.offset != 0:
+                raise CallFailed("launch_new outputs must start their buffer (offset 0)")
+            self._alloc(d.handle, d.nbytes)
 
     def _cmd_launch_dynamic(
         self,

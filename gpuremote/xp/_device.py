@@ -17,7 +17,7 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Coroutine, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -32,14 +32,11 @@ from ..ops import OpError, infer
 from ..protocol import DTYPES
 from ..session import BUFFER
 
-if TYPE_CHECKING:
-    from ._array import Array
-
 __all__ = ["Device", "default_device", "set_default_device"]
 
 T = TypeVar("T")
 _C = CALLS_BY_NAME
-_ALLOC, _FREE, _LAUNCH = _C["alloc"], _C["free"], _C["launch"]
+_ALLOC, _FREE, _LAUNCH, _LAUNCH_NEW = _C["alloc"], _C["free"], _C["launch"], _C["launch_new"]
 _COPY_H2D, _COPY_D2H, _DYNAMIC = _C["copy_h2d"], _C["copy_d2h"], _C["launch_dynamic"]
 
 _OPEN: weakref.WeakSet[Device] = weakref.WeakSet()
@@ -49,13 +46,17 @@ class Buffer:
     """A device buffer of the proxy, freed when the last array on it is gone; ``host`` is a
     valid host copy of its bytes, if one is known (no round trip to read it)."""
 
-    __slots__ = ("__weakref__", "handle", "host", "nbytes")
+    __slots__ = ("device", "handle", "host", "nbytes")
 
     def __init__(self, device: Device, handle: int, nbytes: int) -> None:
+        self.device = device
         self.handle = handle
         self.nbytes = nbytes
         self.host: np.ndarray[Any, Any] | None = None
-        weakref.finalize(self, device._release, handle)
+
+    def __del__(self) -> None:  # cheaper than weakref.finalize, and as prompt
+        with contextlib.suppress(Exception):
+            self.device._release(self.handle)
 
 
 def _raise_local(exc: OpError) -> None:
@@ -161,12 +162,16 @@ class Device:
     # -- arrays ----------------------------------------------------------------------------
     def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Array:
         """A new, uninitialised array (one ASYNC alloc)."""
-        from ._array import Array
+        out = self._new(shape, dtype)
+        self.post(_ALLOC, 0, [out._buf.handle, out._buf.nbytes])
+        return out
 
-        nbytes = math.prod(shape) * dtype.itemsize
-        buf = Buffer(self, self.session.new_handle(), nbytes)
-        self.post(_ALLOC, 0, [buf.handle, nbytes])
-        return Array(self, buf, shape, dtype)
+    def _new(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Array:
+        """An array on a new buffer handle, allocated by whoever uses it first."""
+        nbytes = dtype.itemsize
+        for d in shape:
+            nbytes *= d
+        return Array(self, Buffer(self, self.session.new_handle(), nbytes), shape, dtype)
 
     def upload(self, host: np.ndarray[Any, Any]) -> Array:
         """A remote copy of ``host`` (ASYNC alloc and upload; the host copy is kept)."""
@@ -209,10 +214,12 @@ class Device:
                 )
             into._buf.host = None
             outs = [into]
-        else:
-            outs = [self.empty(shape, dt) for shape, dt in metas]
+            call = _LAUNCH
+        else:  # the outputs' buffers are allocated by the launch itself
+            outs = [self._new(shape, dt) for shape, dt in metas]
+            call = _LAUNCH_NEW
         self.post(
-            _LAUNCH, 0, [PREFIX + name, [a._wire for a in arrays], [o._wire for o in outs], params]
+            call, 0, [PREFIX + name, [a._wire for a in arrays], [o._wire for o in outs], params]
         )
         return outs
 
@@ -220,8 +227,6 @@ class Device:
         self, name: str, arrays: Sequence[Array], params: dict[str, Any], n_out: int
     ) -> list[Array]:
         """Run op ``xp.name``, whose output shapes depend on the data (SYNC)."""
-        from ._array import Array
-
         self.meta(name, arrays, params)
         handles = [self.session.new_handle() for _ in range(n_out)]
         value, _ = self.call(_DYNAMIC, [PREFIX + name, [a._wire for a in arrays], handles, params])
@@ -320,3 +325,6 @@ def default_device() -> Device:
 def _close_all() -> None:
     for device in list(_OPEN):
         device.close()
+
+
+from ._array import Array  # noqa: E402  (the array module uses Device)
