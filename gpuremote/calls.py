@@ -13,7 +13,7 @@ The argument schema is what the proxy checks before it runs anything.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["CALLS", "CALLS_BY_NAME", "CALLS_BY_OPCODE", "Arg", "CallClass", "CallSpec"]
 
@@ -54,6 +54,13 @@ class CallSpec:
     klass: CallClass
     args: tuple[tuple[str, Arg], ...] = ()
     doc: str = ""
+    #: ``klass.value`` and ``klass is SYNC``, kept as plain fields for the executor's hot loop
+    kind: str = field(init=False)
+    sync: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", self.klass.value)
+        object.__setattr__(self, "sync", self.klass is CallClass.SYNC)
 
     @property
     def arg_names(self) -> tuple[str, ...]:

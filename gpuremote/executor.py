@@ -134,8 +134,8 @@ class Executor:
                 continue
             assert type(cmd) is Command
             spec = cmd.spec
-            sync = spec.klass is CallClass.SYNC
-            counts[spec.klass.value] += 1
+            sync = spec.sync
+            counts[spec.kind] += 1
             if sync and self._pending:
                 replies.append(Reply(cmd.seq, False, self._take_deferred()))
                 continue

@@ -14,6 +14,7 @@ proxy uses it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import msgpack
@@ -276,13 +277,10 @@ def decode_request(
                 raise BadCommand(f"unknown opcode {opcode!r}")
             if type(stream) is not int or not 0 <= stream <= MAX_HANDLE:
                 raise BadCommand(f"bad stream handle {stream!r}")
-            checks = entry[1]
-            if type(args) is not list or len(args) != len(checks):
-                raise BadCommand(f"{spec.name} takes {len(checks)} arguments")
-            checked = []
-            for (name, check), value in zip(checks, args):  # noqa: B905 - lengths checked
-                checked.append(check(value, name, ctx))
-            out.append(Command(seq, spec, stream, tuple(checked), ack is True))
+            nargs = entry[1]
+            if type(args) is not list or len(args) != nargs:
+                raise BadCommand(f"{spec.name} takes {nargs} arguments")
+            out.append(Command(seq, spec, stream, entry[2](args, ctx), ack is True))
         except BadCommand as exc:
             out.append(BadCommandAt(seq, spec.name if spec else f"opcode {opcode!r}", str(exc)))
     return out
@@ -420,7 +418,16 @@ def _check_array(v: Any, name: str, ctx: DecodeContext) -> ArrayDesc:
 def _check_arrays(v: Any, name: str, ctx: DecodeContext) -> tuple[ArrayDesc, ...]:
     if type(v) is not list or len(v) > MAX_LIST:
         raise BadCommand(f"argument {name!r} must be a list of at most {MAX_LIST} arrays")
-    return tuple([_check_array(a, name, ctx) for a in v])
+    table, n = ctx.arrays, len(ctx.arrays)
+    out = []
+    for a in v:  # _check_array, inlined: this is the hot path of every launch
+        if type(a) is not int or not 0 <= a < n:
+            raise BadCommand(f"argument {name!r} refers to array {a!r:.20}; the frame has {n}")
+        desc = table[a]
+        if type(desc) is BadCommand:
+            raise desc
+        out.append(desc)
+    return tuple(out)  # type: ignore[arg-type]
 
 
 def _check_params(v: Any, name: str, ctx: DecodeContext) -> dict[str, Any]:
@@ -489,8 +496,30 @@ _CHECKS = {
 }
 
 
-#: opcode -> (call, ((argument name, check), ...)), resolved once
-_SCHEMA: dict[int, tuple[CallSpec, tuple[tuple[str, Any], ...]]] = {
-    op: (spec, tuple((name, _CHECKS[kind]) for name, kind in spec.args))
-    for op, spec in CALLS_BY_OPCODE.items()
+ArgsCheck = Callable[[list[Any], DecodeContext], tuple[Any, ...]]
+
+
+def _args_check(spec: CallSpec) -> ArgsCheck:
+    """One function checking all of ``spec``'s arguments (their number checked already)."""
+    checks = [(name, _CHECKS[kind]) for name, kind in spec.args]
+    if len(checks) == 4:  # launch and its kind: unrolled, the hot path
+        (n0, c0), (n1, c1), (n2, c2), (n3, c3) = checks
+        return lambda a, ctx: (
+            c0(a[0], n0, ctx),
+            c1(a[1], n1, ctx),
+            c2(a[2], n2, ctx),
+            c3(a[3], n3, ctx),
+        )
+    if len(checks) == 2:
+        (n0, c0), (n1, c1) = checks
+        return lambda a, ctx: (c0(a[0], n0, ctx), c1(a[1], n1, ctx))
+    if len(checks) == 1:
+        ((n0, c0),) = checks
+        return lambda a, ctx: (c0(a[0], n0, ctx),)
+    return lambda a, ctx: tuple([c(v, n, ctx) for (n, c), v in zip(checks, a, strict=True)])
+
+
+#: opcode -> (call, number of arguments, their check), resolved once
+_SCHEMA: dict[int, tuple[CallSpec, int, ArgsCheck]] = {
+    op: (spec, len(spec.args), _args_check(spec)) for op, spec in CALLS_BY_OPCODE.items()
 }
