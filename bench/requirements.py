@@ -57,17 +57,23 @@ async def _timed(fn: Callable[..., Any], gpu: gpuremote.GPU, sizes: dict[str, An
     return time.perf_counter() - t0
 
 
-async def ping_rtt(url: str, n: int = 40) -> float:
-    """The median round trip of a small ping over ``url``."""
+async def ping_rtt(url: str, n: int = 200) -> float:
+    """The mean round trip of a small ping over ``url``, without the slowest 1% of samples.
+
+    The mean, not the median: a workload's time is the sum of its round trips, and on a busy
+    machine their distribution has a long tail that the median leaves out (the model then
+    comes out short for workloads of many round trips); the slowest 1% (scheduling hiccups of
+    milliseconds) would make the mean of a few hundred samples noisy."""
     async with gpuremote.connect(url) as gpu:
-        for _ in range(5):
+        for _ in range(10):
             await gpu.ping(b"x")
         samples = []
         for _ in range(n):
             t0 = time.perf_counter()
             await gpu.ping(b"12345678")
             samples.append(time.perf_counter() - t0)
-    return float(np.median(samples))
+    kept = np.sort(samples)[: max(1, int(n * 0.99))]
+    return float(np.mean(kept))
 
 
 async def _calibrate(url: str, backend: str, base_rtt: float, n: int = 2000) -> Costs:
