@@ -906,3 +906,22 @@ def test_arrays_free_their_buffers_when_they_go() -> None:
         x = xp.ones(1000, device=device)
         assert x.size == 1000
     assert proxy.stats()["buffers"] == 0 and proxy.stats()["sessions"] == 0
+
+
+def test_lazy_default_device_from_the_configured_url() -> None:
+    """A plain script with no connect() call: the first creation function connects to
+    GPUREMOTE_URL on its own."""
+    import os
+    import subprocess
+    import sys
+
+    from gpuremote.localproxy import LocalProxy
+
+    script = "import gpuremote.xp as xp; print(float(xp.sum(xp.ones(3))), xp.ones(1).device.url)"
+    with LocalProxy("tcp", "numpy") as proxy:
+        env = {**os.environ, "GPUREMOTE_URL": proxy.url}
+        out = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+        )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["3.0", proxy.url]
