@@ -85,15 +85,19 @@ class _Info:
     """What ``__array_namespace_info__()`` returns."""
 
     def capabilities(self) -> dict[str, _Any]:
+        """What this namespace supports."""
         return {"boolean indexing": True, "data-dependent shapes": True, "max dimensions": 32}
 
     def default_device(self) -> Device:
+        """The default device."""
         return default_device()
 
     def devices(self) -> list[Device]:
+        """The devices known here."""
         return [default_device()]
 
     def default_dtypes(self, *, device: _Any = None) -> dict[str, _Any]:
+        """The default dtype of each kind."""
         return {
             "real floating": float64,
             "complex floating": complex128,
@@ -102,6 +106,7 @@ class _Info:
         }
 
     def dtypes(self, *, device: _Any = None, kind: _Any = None) -> dict[str, _Any]:
+        """The supported dtypes (of ``kind``, if given), by name."""
         if kind is None:
             return dict(_DTYPES)
         return {n: d for n, d in _DTYPES.items() if isdtype(d, kind)}

@@ -82,28 +82,34 @@ class Array:
     # -- metadata (local) ------------------------------------------------------------------
     @property
     def ndim(self) -> int:
+        """The number of axes (local)."""
         return len(self.shape)
 
     @property
     def size(self) -> int:
+        """The number of elements (local)."""
         return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
+        """The size in bytes (local)."""
         return self.size * self.dtype.itemsize
 
     @property
     def device(self) -> Device:
+        """The device the array lives on."""
         return self._device
 
     @property
     def T(self) -> Array:
+        """The transpose of a 2-D array."""
         if self.ndim != 2:
             raise ValueError(f".T needs a 2-D array, got {self.ndim} dimensions (use .mT)")
         return _f.matrix_transpose(self)
 
     @property
     def mT(self) -> Array:
+        """The last two axes swapped."""
         return _f.matrix_transpose(self)
 
     def __array_namespace__(self, api_version: str | None = None) -> Any:

@@ -206,32 +206,39 @@ def full(shape: Any, fill_value: Any, *, dtype: Any = None, device: Any = None) 
 
 
 def zeros(shape: Any, *, dtype: Any = None, device: Any = None) -> Array:
+    """An array of zeros."""
     return full(shape, 0, dtype=dtype or np.float64, device=device)
 
 
 def ones(shape: Any, *, dtype: Any = None, device: Any = None) -> Array:
+    """An array of ones."""
     return full(shape, 1, dtype=dtype or np.float64, device=device)
 
 
 def empty_like(x: Array, /, *, dtype: Any = None, device: Any = None) -> Array:
+    """An uninitialised array of ``x``'s shape (and dtype, unless given)."""
     return empty(x.shape, dtype=dtype or x.dtype, device=_dev(device, x))
 
 
 def zeros_like(x: Array, /, *, dtype: Any = None, device: Any = None) -> Array:
+    """Zeros of ``x``'s shape (and dtype, unless given)."""
     return full(x.shape, 0, dtype=dtype or x.dtype, device=_dev(device, x))
 
 
 def ones_like(x: Array, /, *, dtype: Any = None, device: Any = None) -> Array:
+    """Ones of ``x``'s shape (and dtype, unless given)."""
     return full(x.shape, 1, dtype=dtype or x.dtype, device=_dev(device, x))
 
 
 def full_like(x: Array, /, fill_value: Any, *, dtype: Any = None, device: Any = None) -> Array:
+    """``fill_value`` in ``x``'s shape (and dtype, unless given)."""
     return full(x.shape, fill_value, dtype=dtype or x.dtype, device=_dev(device, x))
 
 
 def arange(
     start: Any, /, stop: Any = None, step: Any = 1, *, dtype: Any = None, device: Any = None
 ) -> Array:
+    """Evenly spaced values in ``[start, stop)``."""
     if stop is None:
         start, stop = 0, start
     params = {"start": start, "stop": stop, "step": step, "dtype": _dtype_param(dtype)}
@@ -247,6 +254,7 @@ def eye(
     dtype: Any = None,
     device: Any = None,
 ) -> Array:
+    """A 2-D array with ones on diagonal ``k``."""
     params = {
         "n_rows": n_rows,
         "n_cols": n_rows if n_cols is None else n_cols,
@@ -266,6 +274,7 @@ def linspace(
     device: Any = None,
     endpoint: builtins.bool = True,
 ) -> Array:
+    """``num`` evenly spaced values from ``start`` to ``stop``."""
     if isinstance(start, complex) or isinstance(stop, complex):
         raise TypeError("gpuremote.xp.linspace supports real start and stop only")
     params = {
@@ -279,16 +288,19 @@ def linspace(
 
 
 def meshgrid(*arrays: Array, indexing: str = "xy") -> list[Array]:
+    """Coordinate grids from 1-D arrays (``indexing`` ``'xy'`` or ``'ij'``)."""
     if not arrays:
         return []
     return arrays[0]._device.launch("meshgrid", list(arrays), {"indexing": indexing})
 
 
 def tril(x: Array, /, *, k: int = 0) -> Array:
+    """The lower triangle (diagonal ``k`` and below) of the last two axes."""
     return _one("tril", x, k=k)
 
 
 def triu(x: Array, /, *, k: int = 0) -> Array:
+    """The upper triangle (diagonal ``k`` and above) of the last two axes."""
     return _one("triu", x, k=k)
 
 
@@ -301,6 +313,7 @@ def from_dlpack(x: Any, /, *, device: Any = None, copy: builtins.bool | None = N
 
 # -- data types (all local) -------------------------------------------------------------------
 def astype(x: Array, dtype: Any, /, *, copy: builtins.bool = True, device: Any = None) -> Array:
+    """``x`` cast to ``dtype`` (``x`` itself when the dtype matches and ``copy`` is false)."""
     dt = _dt(dtype)
     if device is not None and device is not x._device:
         x = x.to_device(device)
@@ -329,10 +342,12 @@ def can_cast(from_: Any, to: Any, /) -> builtins.bool:
 
 
 def finfo(type: Any, /) -> Any:
+    """Machine limits of a floating-point dtype (local)."""
     return np.finfo(_as_dtype(type))
 
 
 def iinfo(type: Any, /) -> Any:
+    """Machine limits of an integer dtype (local)."""
     return np.iinfo(_as_dtype(type))
 
 
@@ -348,6 +363,7 @@ _KINDS = {
 
 
 def isdtype(dtype: Any, kind: Any) -> builtins.bool:
+    """Whether ``dtype`` is of ``kind`` (a dtype, a kind name, or a tuple of them)."""
     dt = _dt(dtype)
     if isinstance(kind, tuple):
         return builtins.any(isdtype(dt, k) for k in kind)
@@ -373,51 +389,63 @@ def result_type(*arrays_and_dtypes: Any) -> np.dtype[Any]:
 
 # -- manipulation -----------------------------------------------------------------------------
 def broadcast_to(x: Array, /, shape: Any) -> Array:
+    """``x`` broadcast to ``shape``."""
     return _one("broadcast_to", x, shape=list(_shape(shape)))
 
 
 def broadcast_arrays(*arrays: Array) -> list[Array]:
+    """The arrays broadcast to their common shape."""
     shape = tuple(np.broadcast_shapes(*(a.shape for a in arrays)))
     return [a if a.shape == shape else broadcast_to(a, shape) for a in arrays]
 
 
 def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape that ``shapes`` broadcast to (local)."""
     return tuple(np.broadcast_shapes(*shapes))
 
 
 def concat(arrays: Sequence[Array], /, *, axis: int | None = 0) -> Array:
+    """The arrays joined along ``axis`` (flattened first when ``axis`` is None)."""
     return arrays[0]._device.launch("concat", list(arrays), {"axis": axis})[0]
 
 
 def stack(arrays: Sequence[Array], /, *, axis: int = 0) -> Array:
+    """The arrays joined along a new ``axis``."""
     return arrays[0]._device.launch("stack", list(arrays), {"axis": axis})[0]
 
 
 def expand_dims(x: Array, /, axis: int = 0) -> Array:
+    """``x`` with a new axis of length one at ``axis``."""
     return _one("expand_dims", x, axis=axis)
 
 
 def flip(x: Array, /, *, axis: Any = None) -> Array:
+    """``x`` reversed along ``axis`` (all axes when None)."""
     return _one("flip", x, axis=_axis(axis))
 
 
 def roll(x: Array, /, shift: Any, *, axis: Any = None) -> Array:
+    """``x`` rolled by ``shift`` along ``axis`` (flattened when None)."""
     return _one("roll", x, shift=_axis(shift), axis=_axis(axis))
 
 
 def moveaxis(x: Array, source: Any, destination: Any, /) -> Array:
+    """``x`` with axes ``source`` moved to ``destination``."""
     return _one("moveaxis", x, source=_axis(source), destination=_axis(destination))
 
 
 def permute_dims(x: Array, /, axes: Sequence[int]) -> Array:
+    """``x`` with its axes in the order ``axes``."""
     return _one("permute_dims", x, axes=_axis(axes))
 
 
 def squeeze(x: Array, /, axis: Any) -> Array:
+    """``x`` without the axes ``axis`` (each of length one)."""
     return _one("squeeze", x, axis=_axis(axis))
 
 
 def tile(x: Array, repetitions: Sequence[int], /) -> Array:
+    """``x`` repeated ``repetitions`` times along each axis."""
     return _one("tile", x, repetitions=list(_shape(repetitions)))
 
 
@@ -429,6 +457,7 @@ def repeat(x: Array, repeats: Any, /, *, axis: int | None = None) -> Array:
 
 
 def unstack(x: Array, /, *, axis: int = 0) -> tuple[Array, ...]:
+    """The slices of ``x`` along ``axis``, as a tuple."""
     return tuple(x._device.launch("unstack", [x], {"axis": axis}))
 
 
@@ -452,6 +481,7 @@ def reshape(x: Array, /, shape: Any, *, copy: builtins.bool | None = None) -> Ar
 
 # -- linear algebra ---------------------------------------------------------------------------
 def matmul(x1: Array, x2: Array, /) -> Array:
+    """The matrix product (``@``)."""
     if not isinstance(x1, Array):
         x1 = _array_like(x1, x2)
     if not isinstance(x2, Array):
@@ -460,10 +490,12 @@ def matmul(x1: Array, x2: Array, /) -> Array:
 
 
 def matrix_transpose(x: Array, /) -> Array:
+    """``x`` with its last two axes swapped."""
     return _one("matrix_transpose", x)
 
 
 def tensordot(x1: Array, x2: Array, /, *, axes: Any = 2) -> Array:
+    """The tensor contraction of ``x1`` and ``x2`` over ``axes``."""
     if isinstance(axes, int):
         params: dict[str, Any] = {"axes": axes}
     else:
@@ -472,19 +504,23 @@ def tensordot(x1: Array, x2: Array, /, *, axes: Any = 2) -> Array:
 
 
 def vecdot(x1: Array, x2: Array, /, *, axis: int = -1) -> Array:
+    """The dot product of vectors along ``axis`` (``x1`` conjugated)."""
     return x1._device.launch("vecdot", [x1, x2], {"axis": axis})[0]
 
 
 # -- searching, sorting, sets -----------------------------------------------------------------
 def argmax(x: Array, /, *, axis: int | None = None, keepdims: builtins.bool = False) -> Array:
+    """The indices of the maxima along ``axis`` (of the flattened array when None)."""
     return _one("argmax", x, axis=axis, keepdims=keepdims)
 
 
 def argmin(x: Array, /, *, axis: int | None = None, keepdims: builtins.bool = False) -> Array:
+    """The indices of the minima along ``axis`` (of the flattened array when None)."""
     return _one("argmin", x, axis=axis, keepdims=keepdims)
 
 
 def count_nonzero(x: Array, /, *, axis: Any = None, keepdims: builtins.bool = False) -> Array:
+    """The number of non-zero elements along ``axis``."""
     return _one("count_nonzero", x, axis=_axis(axis), keepdims=keepdims)
 
 
@@ -496,11 +532,13 @@ def nonzero(x: Array, /) -> tuple[Array, ...]:
 def searchsorted(
     x1: Array, x2: Array, /, *, side: str = "left", sorter: Array | None = None
 ) -> Array:
+    """Where ``x2``'s values would go in the sorted 1-D ``x1``."""
     arrays = [x1, x2] if sorter is None else [x1, x2, sorter]
     return x1._device.launch("searchsorted", arrays, {"side": side})[0]
 
 
 def where(condition: Array, x1: Any, x2: Any, /) -> Array:
+    """Elements of ``x1`` where ``condition`` holds, else of ``x2`` (either may be a scalar)."""
     dev = condition._device
     if isinstance(x1, Array) and isinstance(x2, Array):
         return dev.launch("where", [condition, x1, x2], {})[0]
@@ -519,6 +557,8 @@ def where(condition: Array, x1: Any, x2: Any, /) -> Array:
 
 
 class UniqueAllResult(NamedTuple):
+    """What ``unique_all`` returns."""
+
     values: Array
     indices: Array
     inverse_indices: Array
@@ -526,44 +566,55 @@ class UniqueAllResult(NamedTuple):
 
 
 class UniqueCountsResult(NamedTuple):
+    """What ``unique_counts`` returns."""
+
     values: Array
     counts: Array
 
 
 class UniqueInverseResult(NamedTuple):
+    """What ``unique_inverse`` returns."""
+
     values: Array
     inverse_indices: Array
 
 
 def unique_all(x: Array, /) -> UniqueAllResult:
+    """Unique values, first indices, inverse indices and counts (SYNC)."""
     return UniqueAllResult(*x._device.launch_dynamic("unique_all", [x], {}, 4))
 
 
 def unique_counts(x: Array, /) -> UniqueCountsResult:
+    """Unique values and their counts (SYNC)."""
     return UniqueCountsResult(*x._device.launch_dynamic("unique_counts", [x], {}, 2))
 
 
 def unique_inverse(x: Array, /) -> UniqueInverseResult:
+    """Unique values and the indices that rebuild ``x`` from them (SYNC)."""
     return UniqueInverseResult(*x._device.launch_dynamic("unique_inverse", [x], {}, 2))
 
 
 def unique_values(x: Array, /) -> Array:
+    """The unique values of ``x`` (SYNC)."""
     return x._device.launch_dynamic("unique_values", [x], {}, 1)[0]
 
 
 def isin(x1: Array, x2: Array, /, *, invert: builtins.bool = False) -> Array:
+    """Whether each element of ``x1`` is in ``x2`` (negated with ``invert``)."""
     return x1._device.launch("isin", [x1, x2], {"invert": invert})[0]
 
 
 def sort(
     x: Array, /, *, axis: int = -1, descending: builtins.bool = False, stable: builtins.bool = True
 ) -> Array:
+    """``x`` sorted along ``axis``."""
     return _one("sort", x, axis=axis, descending=descending, stable=stable)
 
 
 def argsort(
     x: Array, /, *, axis: int = -1, descending: builtins.bool = False, stable: builtins.bool = True
 ) -> Array:
+    """The indices that sort ``x`` along ``axis``."""
     return _one("argsort", x, axis=axis, descending=descending, stable=stable)
 
 
@@ -575,44 +626,53 @@ def _reduce(name: str, x: Array, axis: Any, keepdims: builtins.bool, **params: A
 def sum(
     x: Array, /, *, axis: Any = None, dtype: Any = None, keepdims: builtins.bool = False
 ) -> Array:
+    """The sum along ``axis``."""
     return _reduce("sum", x, axis, keepdims, dtype=_dtype_param(dtype))
 
 
 def prod(
     x: Array, /, *, axis: Any = None, dtype: Any = None, keepdims: builtins.bool = False
 ) -> Array:
+    """The product along ``axis``."""
     return _reduce("prod", x, axis, keepdims, dtype=_dtype_param(dtype))
 
 
 def max(x: Array, /, *, axis: Any = None, keepdims: builtins.bool = False) -> Array:
+    """The maximum along ``axis``."""
     return _reduce("max", x, axis, keepdims)
 
 
 def min(x: Array, /, *, axis: Any = None, keepdims: builtins.bool = False) -> Array:
+    """The minimum along ``axis``."""
     return _reduce("min", x, axis, keepdims)
 
 
 def mean(x: Array, /, *, axis: Any = None, keepdims: builtins.bool = False) -> Array:
+    """The mean along ``axis``."""
     return _reduce("mean", x, axis, keepdims)
 
 
 def std(
     x: Array, /, *, axis: Any = None, correction: float = 0.0, keepdims: builtins.bool = False
 ) -> Array:
+    """The standard deviation along ``axis`` (``correction``: degrees of freedom)."""
     return _reduce("std", x, axis, keepdims, correction=correction)
 
 
 def var(
     x: Array, /, *, axis: Any = None, correction: float = 0.0, keepdims: builtins.bool = False
 ) -> Array:
+    """The variance along ``axis`` (``correction``: degrees of freedom)."""
     return _reduce("var", x, axis, keepdims, correction=correction)
 
 
 def all(x: Array, /, *, axis: Any = None, keepdims: builtins.bool = False) -> Array:
+    """Whether every element along ``axis`` is true."""
     return _reduce("all", x, axis, keepdims)
 
 
 def any(x: Array, /, *, axis: Any = None, keepdims: builtins.bool = False) -> Array:
+    """Whether any element along ``axis`` is true."""
     return _reduce("any", x, axis, keepdims)
 
 
@@ -624,6 +684,7 @@ def cumulative_sum(
     dtype: Any = None,
     include_initial: builtins.bool = False,
 ) -> Array:
+    """Running sums along ``axis`` (with a leading zero if ``include_initial``)."""
     return _one(
         "cumulative_sum", x, axis=axis, dtype=_dtype_param(dtype), include_initial=include_initial
     )
@@ -637,6 +698,7 @@ def cumulative_prod(
     dtype: Any = None,
     include_initial: builtins.bool = False,
 ) -> Array:
+    """Running products along ``axis`` (with a leading one if ``include_initial``)."""
     return _one(
         "cumulative_prod", x, axis=axis, dtype=_dtype_param(dtype), include_initial=include_initial
     )
@@ -651,6 +713,7 @@ def diff(
     prepend: Array | None = None,
     append: Array | None = None,
 ) -> Array:
+    """The ``n``-th differences along ``axis``, after ``prepend`` and before ``append``."""
     arrays = [x]
     params: dict[str, Any] = {"axis": axis, "n": n}
     for key, extra in (("has_prepend", prepend), ("has_append", append)):
@@ -661,10 +724,12 @@ def diff(
 
 
 def take(x: Array, indices: Array, /, *, axis: int | None = None) -> Array:
+    """The elements of ``x`` at ``indices`` along ``axis``."""
     return x._device.launch("take", [x, indices], {"axis": axis})[0]
 
 
 def take_along_axis(x: Array, indices: Array, /, *, axis: int = -1) -> Array:
+    """The elements of ``x`` at ``indices`` matched along ``axis``."""
     return x._device.launch("take_along_axis", [x, indices], {"axis": axis})[0]
 
 

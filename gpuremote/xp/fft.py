@@ -32,26 +32,32 @@ def _one(name: str, x: Array, **params: Any) -> Array:
 
 
 def fft(x: Array, /, *, n: int | None = None, axis: int = -1, norm: str = "backward") -> Array:
+    """The 1-D discrete Fourier transform."""
     return _one("fft", x, n=n, axis=axis, norm=norm)
 
 
 def ifft(x: Array, /, *, n: int | None = None, axis: int = -1, norm: str = "backward") -> Array:
+    """The inverse of ``fft``."""
     return _one("ifft", x, n=n, axis=axis, norm=norm)
 
 
 def rfft(x: Array, /, *, n: int | None = None, axis: int = -1, norm: str = "backward") -> Array:
+    """The 1-D transform of real input (non-negative frequencies)."""
     return _one("rfft", x, n=n, axis=axis, norm=norm)
 
 
 def irfft(x: Array, /, *, n: int | None = None, axis: int = -1, norm: str = "backward") -> Array:
+    """The inverse of ``rfft``."""
     return _one("irfft", x, n=n, axis=axis, norm=norm)
 
 
 def hfft(x: Array, /, *, n: int | None = None, axis: int = -1, norm: str = "backward") -> Array:
+    """The transform of a Hermitian-symmetric signal (real output)."""
     return _one("hfft", x, n=n, axis=axis, norm=norm)
 
 
 def ihfft(x: Array, /, *, n: int | None = None, axis: int = -1, norm: str = "backward") -> Array:
+    """The inverse of ``hfft``."""
     return _one("ihfft", x, n=n, axis=axis, norm=norm)
 
 
@@ -62,24 +68,28 @@ def _nd(name: str, x: Array, s: Sequence[int] | None, axes: Any, norm: str) -> A
 def fftn(
     x: Array, /, *, s: Sequence[int] | None = None, axes: Any = None, norm: str = "backward"
 ) -> Array:
+    """The n-D discrete Fourier transform."""
     return _nd("fftn", x, s, axes, norm)
 
 
 def ifftn(
     x: Array, /, *, s: Sequence[int] | None = None, axes: Any = None, norm: str = "backward"
 ) -> Array:
+    """The inverse of ``fftn``."""
     return _nd("ifftn", x, s, axes, norm)
 
 
 def rfftn(
     x: Array, /, *, s: Sequence[int] | None = None, axes: Any = None, norm: str = "backward"
 ) -> Array:
+    """The n-D transform of real input."""
     return _nd("rfftn", x, s, axes, norm)
 
 
 def irfftn(
     x: Array, /, *, s: Sequence[int] | None = None, axes: Any = None, norm: str = "backward"
 ) -> Array:
+    """The inverse of ``rfftn``."""
     return _nd("irfftn", x, s, axes, norm)
 
 
@@ -91,16 +101,20 @@ def _freq(name: str, n: int, d: float, dtype: Any, device: Any) -> Array:
 
 
 def fftfreq(n: int, /, *, d: float = 1.0, dtype: Any = None, device: Any = None) -> Array:
+    """The sample frequencies of ``fft``."""
     return _freq("fftfreq", n, d, dtype, device)
 
 
 def rfftfreq(n: int, /, *, d: float = 1.0, dtype: Any = None, device: Any = None) -> Array:
+    """The sample frequencies of ``rfft``."""
     return _freq("rfftfreq", n, d, dtype, device)
 
 
 def fftshift(x: Array, /, *, axes: Any = None) -> Array:
+    """The zero frequency moved to the centre."""
     return _one("fftshift", x, axes=_axis(axes))
 
 
 def ifftshift(x: Array, /, *, axes: Any = None) -> Array:
+    """The inverse of ``fftshift``."""
     return _one("ifftshift", x, axes=_axis(axes))
