@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from ._array import Array
-from ._functions import matmul, matrix_transpose, tensordot, vecdot
+from ._functions import _axis, _dtype_param, matmul, matrix_transpose, tensordot, vecdot
 
 __all__ = [
     "cholesky",
@@ -156,8 +156,6 @@ def svdvals(x: Array, /) -> Array:
 
 def trace(x: Array, /, *, offset: int = 0, dtype: Any = None) -> Array:
     """The sum along diagonal ``offset``."""
-    from ._functions import _dtype_param
-
     return _run("trace", [x], offset=offset, dtype=_dtype_param(dtype))[0]
 
 
@@ -170,6 +168,4 @@ def vector_norm(
     ord: float = 2,
 ) -> Array:
     """The vector norm along ``axis`` (``ord``: 1, 2, inf, ...)."""
-    from ._functions import _axis
-
     return _run("vector_norm", [x], axis=_axis(axis), keepdims=keepdims, ord=ord)[0]
