@@ -71,6 +71,12 @@ def add_bench_parser(sub: Any) -> None:
     p.add_argument("--duration", type=float, default=None, help="seconds instead of --count")
     p.add_argument("--warmup", type=int, default=1_000, help="uncounted round trips per path")
     p.add_argument("--csv", default=None, metavar="FILE", help="write the raw samples here")
+    p.add_argument(
+        "--spin-us",
+        type=float,
+        default=0.0,
+        help="spin-wait this long for each reply, in gpuremote and the asyncio echo (default 0)",
+    )
     p.set_defaults(func=_ping)
 
     t = bs.add_parser("throughput", help="host-to-device and device-to-host bandwidth")
@@ -194,6 +200,7 @@ def _ping(args: argparse.Namespace) -> int:
         duration=args.duration,
         warmup=args.warmup,
         baseline=args.baseline,
+        spin_us=args.spin_us,
     )
     result, samples = _drive(args, ping_view, lambda report: run_ping(cfg, report))
     if args.csv:

@@ -3,6 +3,7 @@ interleaved with bare echoes over blocking sockets and over asyncio (A B A B).""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from typing import Any
 import numpy as np
 
 import gpuremote
+from gpuremote.aio import spin_until_done
 from gpuremote.framing import byte_view
 
 from .baseline import Baselines
@@ -28,6 +30,7 @@ class PingConfig(TargetOptions):
     warmup: int = 1_000
     baseline: bool = True
     rounds: int = 20
+    spin_us: float = 0.0  # client-side spin-wait, for gpuremote and the asyncio echo alike
 
 
 async def run_ping(
@@ -36,7 +39,7 @@ async def run_ping(
     """Run the bench; returns the JSON result and the raw samples (ns) per path."""
     async with (
         open_target(cfg.url, cfg.transport, cfg.backend) as target,
-        gpuremote.connect(target.url) as gpu,
+        gpuremote.connect(target.url, spin_us=cfg.spin_us) as gpu,
     ):
         base = await Baselines.open(gpu.device, target.host, cfg.baseline)
         try:
@@ -67,7 +70,12 @@ async def _measure(
             b.request(payload, cfg.size)
 
         async def run_asyncio() -> None:
-            await a.request(payload, cfg.size)
+            if cfg.spin_us:  # the same spin-wait as gpuremote's, for a like-for-like ratio
+                fut = asyncio.ensure_future(a.request(payload, cfg.size))
+                spin_until_done(fut, cfg.spin_us / 1e6)
+                await fut
+            else:
+                await a.request(payload, cfg.size)
 
         paths["blocking"] = run_blocking
         paths["asyncio"] = run_asyncio
@@ -128,6 +136,7 @@ def _result(
         "transport": transport,
         "url": url,
         "size": cfg.size,
+        "spin_us": cfg.spin_us,
         "count": int(arrays["gpuremote"].size),
         "warmup": cfg.warmup,
         "rtt_us": rtt,

@@ -693,6 +693,7 @@ def connect(
 ) -> _Connector:
     """Connect to the proxy at ``url`` (else ``GPUREMOTE_URL``, else the config file, else
     the default). ``options`` override pipeline settings (``async_calls``, ``batching``,
-    ``shadow``, ``max_batch_calls``, ``max_batch_bytes``, ``flush_delay_us``), and take
+    ``shadow``, ``max_batch_calls``, ``max_batch_bytes``, ``flush_delay_us``, ``spin_us``,
+    ``call_timeout_s``), and take
     ``secret=`` (the shared secret, when the proxy requires one) and ``connect_timeout=``."""
     return _Connector(url, pipeline, options, limits)

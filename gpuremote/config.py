@@ -53,9 +53,18 @@ class PipelineConfig:
     flush_delay_us: float = 0.0
     shadow_max_bytes: int = 64 << 20  # host copies larger than this are not kept
     call_timeout_s: float | None = None  # a SYNC call with no reply by then: proxy gone
+    #: while a SYNC call waits, keep the event loop polling (not sleeping) for up to this
+    #: long: the reply is read as it lands instead of after a wake-up (CUDA's spin-wait);
+    #: costs CPU for the time spun, so off by default
+    spin_us: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.max_batch_calls < 1 or self.max_batch_bytes < 1 or self.flush_delay_us < 0:
+        if (
+            self.max_batch_calls < 1
+            or self.max_batch_bytes < 1
+            or self.flush_delay_us < 0
+            or self.spin_us < 0
+        ):
             raise ConfigError("pipeline bounds must be positive")
 
 

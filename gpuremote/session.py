@@ -22,6 +22,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .aio import spin_until_done
 from .calls import CALLS_BY_NAME, Arg, CallClass, CallSpec
 from .config import PipelineConfig
 from .errors import ConnectionClosed, GpuRemoteError, RemoteProtocolError
@@ -206,6 +207,8 @@ class Session:
         return await self._wait(fut, spec.name)
 
     async def _wait(self, fut: asyncio.Future[Result], what: str) -> Result:
+        if self.config.spin_us:
+            spin_until_done(fut, self.config.spin_us / 1e6)
         timeout = self.config.call_timeout_s
         if timeout is None:
             return await fut

@@ -45,6 +45,14 @@ def test_bench_ping_json_schema(tmp_path: Path, cli_json: Callable[..., Any]) ->
     assert len(rows) == 180 and all(int(r["ns"]) > 0 for r in rows)
 
 
+def test_bench_ping_spin_wait(cli_json: Callable[..., Any]) -> None:
+    out = cli_json(
+        "bench", "ping", "--count", "30", "--warmup", "2", "--backend", "numpy", "--spin-us", "100"
+    )
+    assert out["spin_us"] == 100 and out["count"] == 30
+    assert set(out["baselines"]) == {"blocking", "asyncio"}
+
+
 def test_bench_ping_inproc_and_size(cli_json: Callable[..., Any]) -> None:
     out = cli_json(
         "bench",

@@ -334,3 +334,13 @@ async def test_protocol_garbage_closes_only_that_connection(proxy: tuple[Proxy, 
     x = good.asarray(np.ones(3, np.float32))
     np.testing.assert_array_equal(await good.exp(x).get(), np.exp(np.ones(3, np.float32)))
     await good.aclose()
+
+
+async def test_spin_wait_gives_the_same_results(url: str) -> None:
+    """``spin_us`` changes how a SYNC call waits, not what it returns."""
+    async with gpuremote.connect(url, spin_us=200) as gpu:
+        assert gpu.config.spin_us == 200
+        a = gpu.asarray(np.arange(6, dtype=np.float32))
+        assert bytes(await gpu.ping(b"spin")) == b"spin"
+        np.testing.assert_array_equal(await (a + a).get(), np.arange(6, dtype=np.float32) * 2)
+        await gpu.synchronize()

@@ -76,6 +76,9 @@ def test_pipeline_settings_from_file_and_overrides(tmp_path: Path) -> None:
         pipeline_config({"turbo": True})
     with pytest.raises(ConfigError):
         PipelineConfig(max_batch_calls=0)
+    with pytest.raises(ConfigError):
+        PipelineConfig(spin_us=-1)
+    assert pipeline_config({"spin_us": 50}).spin_us == 50
 
 
 def test_bad_config_file_is_a_clear_error(tmp_path: Path) -> None:
