@@ -678,9 +678,15 @@ def test_linalg_extension(dev: Device, n: int, dt: str) -> None:
         (lambda ns, x: ns.linalg.diagonal(x, offset=-1), (rect,)),
         (call("linalg.outer"), (v3[0], v3[1])),
         (call("linalg.cross"), (v3, v3[::-1].copy())),
+        # decompositions: the same LAPACK underneath, so the same factors, signs included
+        (call("linalg.qr"), (rect,)),
+        (lambda ns, x: ns.linalg.qr(x, mode="complete"), (rect,)),
+        (call("linalg.svd"), (rect,)),
+        (lambda ns, x: ns.linalg.svd(x, full_matrices=False), (rect,)),
+        (call("linalg.eigh"), (m,)),
     ]:
         check(fn, *args)
-    # decompositions: factors are compared through what they reconstruct
+    # and the factors reconstruct their matrix
     if tol_ok:
         q, r = xp.linalg.qr(xp.asarray(rect))
         np.testing.assert_allclose(np.asarray(q @ r), rect, atol=1e-10)
