@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .ops import Meta, Op, OpError, Params, Shape, _broadcast, _register
+from .ops import Meta, Op, OpError, Params, Shape, _broadcast, _register, matmul_shape
 
 __all__ = [
     "CATEGORIES",
@@ -686,18 +686,7 @@ def _matmul_meta(ins: Sequence[Meta], params: Params) -> list[Meta]:
     (a, ad), (b, bd) = ins
     _check("matmul", ad, "numeric")
     _check("matmul", bd, "numeric")
-    if not a or not b:
-        raise OpError("matmul does not take 0-d arrays")
-    a2 = (1, *a) if len(a) == 1 else a
-    b2 = (*b, 1) if len(b) == 1 else b
-    if a2[-1] != b2[-2]:
-        raise OpError(f"matmul: shapes {a} and {b} are not aligned ({a2[-1]} != {b2[-2]})")
-    shape = (*_broadcast([a2[:-2], b2[:-2]]), a2[-2], b2[-1])
-    if len(a) == 1:
-        shape = shape[:-2] + shape[-1:]
-    if len(b) == 1:
-        shape = shape[:-1]
-    return [(shape, promote(ad, bd))]
+    return [(matmul_shape(a, b), promote(ad, bd))]
 
 
 _op("matmul", (2, 2), _matmul_meta, lambda ns, ins, p: ns.matmul(ins[0], ins[1]))

@@ -156,7 +156,30 @@ class Kernel:
         )
 
 
-class RemoteArray:
+class ArrayMetadata:
+    """``ndim``, ``size`` and ``nbytes`` from ``shape`` and ``dtype``: answered locally."""
+
+    __slots__ = ()
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+
+    @property
+    def ndim(self) -> int:
+        """The number of axes."""
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        """The number of elements."""
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """The size in bytes."""
+        return self.size * self.dtype.itemsize
+
+
+class RemoteArray(ArrayMetadata):
     """A C-contiguous array in a device buffer on the proxy.
 
     ``shape``, ``dtype``, ``size`` and friends are answered locally; ``await get()`` brings
@@ -182,18 +205,6 @@ class RemoteArray:
         self._wire = [buf.handle, offset, list(shape), _dtype_name(dtype)]
 
     # -- metadata (LOCAL) ------------------------------------------------------------------
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.size * self.dtype.itemsize
-
     @property
     def handle(self) -> int:
         return self._buf.handle

@@ -275,21 +275,25 @@ _register(Op("fill", (0, 0), _fill_meta, _run_fill, ("value", "shape", "dtype"),
 
 
 # -- linear algebra ---------------------------------------------------------------------------
-def _matmul_meta(ins: Sequence[Meta], params: Params) -> list[Meta]:
-    (a, ad), (b, bd) = ins
+def matmul_shape(a: Shape, b: Shape) -> Shape:
+    """The shape of ``a @ b`` (NumPy's and the array API's rules); ``OpError`` if none."""
     if not a or not b:
         raise OpError("matmul does not take 0-d arrays")
     a2 = (1, *a) if len(a) == 1 else a
     b2 = (*b, 1) if len(b) == 1 else b
     if a2[-1] != b2[-2]:
         raise OpError(f"matmul: shapes {a} and {b} are not aligned ({a2[-1]} != {b2[-2]})")
-    batch = _broadcast([a2[:-2], b2[:-2]])
-    shape = (*batch, a2[-2], b2[-1])
+    shape = (*_broadcast([a2[:-2], b2[:-2]]), a2[-2], b2[-1])
     if len(a) == 1:
         shape = shape[:-2] + shape[-1:]
     if len(b) == 1:
         shape = shape[:-1]
-    return [(shape, _ufunc_dtype("matmul", (ad, bd)))]
+    return shape
+
+
+def _matmul_meta(ins: Sequence[Meta], params: Params) -> list[Meta]:
+    (a, ad), (b, bd) = ins
+    return [(matmul_shape(a, b), _ufunc_dtype("matmul", (ad, bd)))]
 
 
 def _run_matmul(xp: Any, ins: Sequence[Any], outs: Sequence[Any], params: Params) -> None:

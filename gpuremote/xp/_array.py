@@ -7,7 +7,6 @@ return new arrays at once; only conversions to host values (``bool()``, ``float(
 
 from __future__ import annotations
 
-import math
 import operator
 import sys
 from collections.abc import Iterator
@@ -15,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..client import _dtype_name
+from ..client import ArrayMetadata, _dtype_name
 from ..errors import LocalProtocolError
 
 if TYPE_CHECKING:
@@ -63,7 +62,7 @@ def encode_index(key: Any, shape: tuple[int, ...]) -> tuple[list[int], tuple[int
     return flat, (*out, *shape[dim:])
 
 
-class Array:
+class Array(ArrayMetadata):
     """An array on a gpuremote device; see the module docstring."""
 
     __slots__ = ("__weakref__", "_buf", "_device", "_wire", "dtype", "shape")
@@ -79,22 +78,7 @@ class Array:
         self.dtype = dtype
         self._wire = [buf.handle, 0, list(shape), _dtype_name(dtype)]
 
-    # -- metadata (local) ------------------------------------------------------------------
-    @property
-    def ndim(self) -> int:
-        """The number of axes (local)."""
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        """The number of elements (local)."""
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        """The size in bytes (local)."""
-        return self.size * self.dtype.itemsize
-
+    # -- metadata (local; ndim, size and nbytes come from ArrayMetadata) ---------------------
     @property
     def device(self) -> Device:
         """The device the array lives on."""

@@ -676,6 +676,12 @@ def any(x: Array, /, *, axis: Any = None, keepdims: builtins.bool = False) -> Ar
     return _reduce("any", x, axis, keepdims)
 
 
+def _cumulative(
+    name: str, x: Array, axis: int | None, dtype: Any, include_initial: builtins.bool
+) -> Array:
+    return _one(name, x, axis=axis, dtype=_dtype_param(dtype), include_initial=include_initial)
+
+
 def cumulative_sum(
     x: Array,
     /,
@@ -685,9 +691,7 @@ def cumulative_sum(
     include_initial: builtins.bool = False,
 ) -> Array:
     """Running sums along ``axis`` (with a leading zero if ``include_initial``)."""
-    return _one(
-        "cumulative_sum", x, axis=axis, dtype=_dtype_param(dtype), include_initial=include_initial
-    )
+    return _cumulative("cumulative_sum", x, axis, dtype, include_initial)
 
 
 def cumulative_prod(
@@ -699,9 +703,7 @@ def cumulative_prod(
     include_initial: builtins.bool = False,
 ) -> Array:
     """Running products along ``axis`` (with a leading one if ``include_initial``)."""
-    return _one(
-        "cumulative_prod", x, axis=axis, dtype=_dtype_param(dtype), include_initial=include_initial
-    )
+    return _cumulative("cumulative_prod", x, axis, dtype, include_initial)
 
 
 def diff(
