@@ -69,6 +69,14 @@ class CallSpec:
 
 _A, _S, _L = CallClass.ASYNC, CallClass.SYNC, CallClass.LOCAL
 
+#: the arguments of ``launch`` and ``launch_new``
+_LAUNCH_ARGS = (
+    ("op", Arg.NAME),
+    ("inputs", Arg.ARRAYS),
+    ("outputs", Arg.ARRAYS),
+    ("params", Arg.PARAMS),
+)
+
 CALLS: tuple[CallSpec, ...] = (
     # -- answered on the client (shadow resources) ----------------------------------------
     CallSpec("device_info", 0, _L, doc="device properties, cached at connect"),
@@ -104,14 +112,14 @@ CALLS: tuple[CallSpec, ...] = (
         "launch",
         20,
         _A,
-        (("op", Arg.NAME), ("inputs", Arg.ARRAYS), ("outputs", Arg.ARRAYS), ("params", Arg.PARAMS)),
+        _LAUNCH_ARGS,
         "run an allow-listed op",
     ),
     CallSpec(
         "launch_new",
         24,
         _A,
-        (("op", Arg.NAME), ("inputs", Arg.ARRAYS), ("outputs", Arg.ARRAYS), ("params", Arg.PARAMS)),
+        _LAUNCH_ARGS,
         "allocate each output's buffer (the output at offset 0 fills it), then launch",
     ),
     CallSpec(
