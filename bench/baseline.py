@@ -19,7 +19,13 @@ import struct
 import threading
 from typing import Any
 
-__all__ = ["AsyncioClient", "Baselines", "BlockingClient", "EchoServers"]
+__all__ = [
+    "AsyncioClient",
+    "Baselines",
+    "BlockingClient",
+    "EchoServers",
+    "ProtocolEchoClient",
+]
 
 REQ = struct.Struct("<QQ")
 _MAX = 1 << 31
@@ -89,16 +95,34 @@ async def _asyncio_conn(reader: asyncio.StreamReader, writer: asyncio.StreamWrit
         writer.close()
 
 
-class EchoServers:
-    """The bare echo servers, beside a proxy: blocking sockets (a thread per connection) and
-    asyncio streams on the running event loop. ``ports`` is what clients need."""
+class _EchoProtocol(asyncio.Protocol):
+    """The floor for an asyncio design: whatever arrives goes straight back (one write and one
+    wake-up per message); the client sends fixed-size messages and waits for all of each."""
 
-    def __init__(self, lsock: socket.socket, server: asyncio.Server) -> None:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport: asyncio.Transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        self.transport.write(data)
+
+
+class EchoServers:
+    """The bare echo servers, beside a proxy: blocking sockets (a thread per connection),
+    asyncio streams and a bare asyncio ``Protocol`` on the running event loop. ``ports`` is
+    what clients need."""
+
+    def __init__(
+        self, lsock: socket.socket, server: asyncio.Server, proto: asyncio.Server
+    ) -> None:
         self._lsock = lsock
-        self._server = server
+        self._servers = (server, proto)
         self.ports = {
             "blocking": lsock.getsockname()[1],
             "asyncio": server.sockets[0].getsockname()[1],
+            "protocol": proto.sockets[0].getsockname()[1],
         }
 
     @classmethod
@@ -111,13 +135,15 @@ class EchoServers:
             target=_serve_blocking, args=(lsock,), daemon=True, name="gpuremote-bench-echo"
         ).start()
         server = await asyncio.start_server(_asyncio_conn, host, 0)
-        return cls(lsock, server)
+        proto = await asyncio.get_running_loop().create_server(_EchoProtocol, host, 0)
+        return cls(lsock, server, proto)
 
     async def close(self) -> None:
         with contextlib.suppress(OSError):
             self._lsock.shutdown(socket.SHUT_RDWR)
         self._lsock.close()
-        self._server.close()
+        for server in self._servers:
+            server.close()
 
 
 class BlockingClient:
@@ -163,6 +189,50 @@ class AsyncioClient:
 
     def close(self) -> None:
         self.writer.close()
+
+
+class ProtocolEchoClient(asyncio.Protocol):
+    """A bare asyncio ``Protocol`` client of ``_EchoProtocol``: one write and one future per
+    message (``loop.create_future()``), resolved when the whole echo is back."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._want = 0
+        self._fut: asyncio.Future[None] | None = None
+        self.transport: asyncio.Transport | None = None
+
+    @classmethod
+    async def connect(cls, port: int, host: str = "127.0.0.1") -> ProtocolEchoClient:
+        loop = asyncio.get_running_loop()
+        _, proto = await loop.create_connection(cls, host, port)
+        return proto
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        self._want -= len(data)
+        if self._want <= 0 and self._fut is not None and not self._fut.done():
+            self._fut.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._fut is not None and not self._fut.done():
+            self._fut.set_exception(ConnectionError("baseline server went away"))
+
+    async def request(self, payload: bytes) -> None:
+        """Send ``payload`` and wait until as many bytes have come back."""
+        assert self.transport is not None
+        self._want = len(payload)
+        self._fut = self._loop.create_future()
+        self.transport.write(payload)
+        await self._fut
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
 
 
 class Baselines:

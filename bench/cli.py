@@ -132,6 +132,18 @@ def add_bench_parser(sub: Any) -> None:
     em.add_argument("--pings", type=int, default=100)
     em.set_defaults(func=_emu)
 
+    op = bs.add_parser("ops", help="what users do (an op and a read, chains, a model step)")
+    _common(op)
+    op.add_argument("--iterations", type=int, default=3_000, help="per synchronous case")
+    op.add_argument("--rounds", type=int, default=5, help="interleaved rounds (A B A B)")
+    op.add_argument("--chain", type=int, default=10_000, help="ops per asynchronous chain")
+    op.add_argument("--steps", type=int, default=20, help="transformer steps per round")
+    op.add_argument("--warmup", type=int, default=300, help="uncounted iterations per case")
+    op.add_argument(
+        "--cases", default=None, help="comma-separated subset (default: every case)"
+    )
+    op.set_defaults(func=_ops)
+
     a = bs.add_parser("api", help="calls per second: synchronous versus pipelined")
     _common(a)
     a.add_argument("--calls", type=int, default=10_000)
@@ -301,6 +313,29 @@ def _api(args: argparse.Namespace) -> int:
     console = Console()
     console.print(t)
     console.print(f"pipelined / synchronous: {result['ratio']:.1f}x")
+    return 0
+
+
+def _ops(args: argparse.Namespace) -> int:
+    from .ops import CASES, OpsConfig, run_ops
+    from .render import ops_view
+
+    cfg = OpsConfig(
+        **_target(args),
+        iterations=args.iterations,
+        rounds=args.rounds,
+        chain=args.chain,
+        steps=args.steps,
+        warmup=args.warmup,
+        cases=tuple(args.cases.split(",")) if args.cases else CASES,
+    )
+    result = _drive(args, ops_view, lambda report: run_ops(cfg, report))
+    if args.json:
+        _print_json(result)
+        return 0
+    console = Console()
+    if not console.is_terminal:
+        console.print(ops_view(result))
     return 0
 
 

@@ -15,6 +15,7 @@ from .stats import KEYS
 
 __all__ = [
     "histogram",
+    "ops_view",
     "ping_view",
     "result_table",
     "sparkline",
@@ -135,3 +136,50 @@ def _size(n: int) -> str:
         if n >= 1 << shift and n % (1 << shift) == 0:
             return f"{n >> shift} {unit}"
     return f"{n} B"
+
+
+def _us(v: float | None, fmt: str = ",.1f") -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def ops_view(state: dict[str, Any]) -> RenderableType:
+    """``bench ops``: each case beside the bare echo (per operation), as the rounds come in."""
+    rows = []
+    echo = state.get("echo")
+    if echo is not None:
+        rows.append(("echo (floor)", echo, "", ""))
+    for c in state["cases"]:
+        extra = ""
+        if "ops_per_s" in c:
+            extra = f"{c['ops_per_s']:,.0f} ops/s"
+        if c.get("slowdown") is not None:
+            extra = f"local {_us(c['local_wall_p50_us'])} µs, slowdown {c['slowdown']:.2f}x"
+        ratios = f"{_us(c['ratio_wall_p50'], '.2f')}x / {_us(c['ratio_cpu'], '.2f')}x"
+        rows.append((c["name"], c, ratios, extra))
+    table = result_table(
+        f"gpuremote bench ops: {state['url']} ({state['transport']}), "
+        f"round {state['rounds']}/{state['of_rounds']}",
+        (
+            "case",
+            "wall p50 µs",
+            "wall p99 µs",
+            "client CPU µs",
+            "proxy CPU µs",
+            "vs echo: wall / CPU",
+            "",
+        ),
+        (
+            (
+                name,
+                _us(r["wall_p50_us"]),
+                _us(r["wall_p99_us"]),
+                _us(r["client_cpu_us"]),
+                _us(r["proxy_cpu_us"]),
+                ratios,
+                extra,
+            )
+            for name, r, ratios, extra in rows
+        ),
+    )
+    note = state.get("baseline_note")
+    return Group(table, Text(note, style="yellow")) if note else table

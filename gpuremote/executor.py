@@ -288,7 +288,12 @@ class Executor:
     def _cmd_stats(self, ctx: _Ctx) -> Any:
         from .localproxy import peak_rss_bytes, rss_bytes
 
-        return {**self.stats(), "rss_bytes": rss_bytes(), "peak_rss_bytes": peak_rss_bytes()}
+        return {
+            **self.stats(),
+            "rss_bytes": rss_bytes(),
+            "peak_rss_bytes": peak_rss_bytes(),
+            "process_cpu_s": time.process_time(),  # the proxy's own CPU, all its threads
+        }
 
     def _cmd_admin_stats(self, ctx: _Ctx, token: str) -> Any:
         if self._admin is None:

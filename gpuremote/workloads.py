@@ -20,7 +20,7 @@ import numpy as np
 from .client import GPU, RemoteArray
 from .demo import mlp_data, train_remote
 
-__all__ = ["WORKLOADS", "mlp", "transformer", "upload"]
+__all__ = ["WORKLOADS", "mlp", "transformer", "transformer_block", "upload"]
 
 
 async def mlp(
@@ -31,9 +31,11 @@ async def mlp(
     return np.asarray(result.losses)
 
 
-async def transformer(
-    gpu: GPU, steps: int = 30, seq: int = 32, d_model: int = 128, heads: int = 4
-) -> np.ndarray:
+def transformer_block(
+    gpu: GPU, seq: int = 32, d_model: int = 128, heads: int = 4
+) -> Callable[[], Awaitable[float]]:
+    """A transformer block's weights on ``gpu``; returns ``step()``: one inference step at
+    batch 1 (layer norm, attention with softmax, GEMMs, GELU) ending in one read-back."""
     rng = np.random.default_rng(0)
     dh = d_model // heads
 
@@ -44,24 +46,32 @@ async def transformer(
     w1, w2 = weight(d_model, 4 * d_model), weight(4 * d_model, d_model)
     g1 = gpu.asarray(np.ones(d_model, np.float32))
     b1 = gpu.asarray(np.zeros(d_model, np.float32))
-    x = gpu.asarray(rng.standard_normal((seq, d_model)).astype(np.float32))
-    outs = []
-    for _ in range(steps):
+    state = [gpu.asarray(rng.standard_normal((seq, d_model)).astype(np.float32))]
+
+    def split(t: RemoteArray) -> RemoteArray:  # (seq, d) -> (heads, seq, dh)
+        return gpu.transpose(t.reshape(seq, heads, dh), axes=(1, 0, 2))
+
+    async def step() -> float:
+        x = state[0]
         h = gpu.op("layer_norm", x, g1, b1)
-
-        def split(t: RemoteArray) -> RemoteArray:  # (seq, d) -> (heads, seq, dh)
-            return gpu.transpose(t.reshape(seq, heads, dh), axes=(1, 0, 2))
-
         q, k, v = split(gpu.matmul(h, wq)), split(gpu.matmul(h, wk)), split(gpu.matmul(h, wv))
         scores = gpu.multiply(gpu.matmul(q, gpu.transpose(k, axes=(0, 2, 1))), 1 / math.sqrt(dh))
         attn = gpu.matmul(gpu.softmax(scores), v)  # (heads, seq, dh)
         merged = gpu.transpose(attn, axes=(1, 0, 2)).reshape(seq, d_model)
         x = gpu.add(x, gpu.matmul(merged, wo))
         h2 = gpu.op("layer_norm", x, g1, b1)
-        x = gpu.add(x, gpu.matmul(gpu.op("gelu", gpu.matmul(h2, w1)), w2))
+        x = state[0] = gpu.add(x, gpu.matmul(gpu.op("gelu", gpu.matmul(h2, w1)), w2))
         last = await gpu.sum(x, axis=1).get()  # the step's one synchronous read-back
-        outs.append(float(last[-1]))
-    return np.asarray(outs)
+        return float(last[-1])
+
+    return step
+
+
+async def transformer(
+    gpu: GPU, steps: int = 30, seq: int = 32, d_model: int = 128, heads: int = 4
+) -> np.ndarray:
+    step = transformer_block(gpu, seq, d_model, heads)
+    return np.asarray([await step() for _ in range(steps)])
 
 
 async def upload(

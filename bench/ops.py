@@ -1,0 +1,276 @@
+"""``gpuremote bench ops``: what users actually do, beside the floor.
+
+Each case is timed per operation (wall time) with the CPU it costs on each side: the client's
+from ``time.process_time()`` (every thread of this process), the proxy's from the proxy itself
+(its ``stats`` call reports its process CPU, so this works against ``--url`` too). The floor is
+a bare asyncio ``Protocol`` echo of 16 bytes served from inside the proxy process
+(``serve --bench-echo``), measured with the same three figures; rounds interleave the echo and
+every case (A B C A B C), so that the machine's drift hits all of them alike.
+
+Cases:
+
+- ``sync_op``: ``b = a + a; await b.get()`` on 16 float32, through the client API;
+- ``xp_sync_op``: ``float(xp.sum(x + 1.0))`` through ``gpuremote.xp``;
+- ``async_chain`` / ``xp_async_chain``: ``x = x + 1.0`` ``chain`` times, each a new array, then
+  one read; per-op figures and ops/s end to end;
+- ``transformer_step``: one inference step of a transformer block at batch 1, remote and in
+  process (``gpuremote.local``), and the slowdown between them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import gpuremote
+from gpuremote.local import connect_local
+from gpuremote.workloads import transformer_block
+
+from .baseline import ProtocolEchoClient
+from .stats import ratio
+from .target import Target, TargetOptions, open_target
+
+__all__ = ["CASES", "OpsConfig", "run_ops"]
+
+CASES = ("sync_op", "xp_sync_op", "async_chain", "xp_async_chain", "transformer_step")
+_ECHO = b"gpuremote-echo16"  # 16 bytes
+
+
+@dataclass
+class OpsConfig(TargetOptions):
+    iterations: int = 3_000  # per synchronous case (and the echo)
+    rounds: int = 5
+    chain: int = 10_000  # ops per chain
+    steps: int = 20  # transformer steps per round
+    warmup: int = 300
+    cases: tuple[str, ...] = CASES
+
+
+@dataclass
+class _Figures:
+    """Raw figures of one path: wall samples (ns per op), CPU seconds and ops counted."""
+
+    wall_ns: list[float] = field(default_factory=list)
+    client_cpu_s: float = 0.0
+    proxy_cpu_s: float | None = 0.0
+    ops: int = 0
+    blocks_s: list[float] = field(default_factory=list)  # chains: seconds per whole chain
+
+    def summary(self, name: str) -> dict[str, Any]:
+        a = np.asarray(self.wall_ns, dtype=np.float64) / 1e3
+        p50, p99 = (float(x) for x in np.percentile(a, [50, 99])) if a.size else (None, None)
+        out: dict[str, Any] = {
+            "name": name,
+            "ops": self.ops,
+            "wall_p50_us": p50,
+            "wall_p99_us": p99,
+            "client_cpu_us": 1e6 * self.client_cpu_s / self.ops if self.ops else None,
+            "proxy_cpu_us": (
+                1e6 * self.proxy_cpu_s / self.ops
+                if self.ops and self.proxy_cpu_s is not None
+                else None
+            ),
+        }
+        if self.blocks_s:
+            out["ops_per_s"] = self.ops / sum(self.blocks_s)
+        return out
+
+
+class _ProxyClock:
+    """The proxy's process CPU, read through a session's ``stats`` call; ``None`` in process
+    (inproc://, where the proxy's CPU is the client's)."""
+
+    def __init__(self, gpu: gpuremote.GPU, in_process: bool) -> None:
+        self._gpu = gpu
+        self._in_process = in_process
+
+    async def read(self) -> float | None:
+        if self._in_process:
+            return None
+        stats = await self._gpu.proxy_stats()
+        cpu = stats.get("process_cpu_s")
+        return float(cpu) if isinstance(cpu, int | float) else None
+
+
+@contextlib.contextmanager
+def _xp_device(target: Target, backend: str) -> Iterator[Any]:
+    import gpuremote.xp as xp
+
+    if target.transport == "inproc":
+        device = xp.connect_local(backend)  # a proxy on the device's own loop, in process
+    else:
+        device = xp.connect(target.url)
+    try:
+        yield xp, device
+    finally:
+        device.close()
+
+
+async def run_ops(
+    cfg: OpsConfig, report: Callable[[dict[str, Any]], None] = lambda s: None
+) -> dict[str, Any]:
+    """Run the bench; returns the JSON result."""
+    unknown = set(cfg.cases) - set(CASES)
+    if unknown:
+        raise ValueError(f"unknown case(s) {sorted(unknown)}; known: {', '.join(CASES)}")
+    async with (
+        open_target(cfg.url, cfg.transport, cfg.backend) as target,
+        gpuremote.connect(target.url) as gpu,
+    ):
+        ports = gpu.device.get("bench_echo")
+        echo: ProtocolEchoClient | None = None
+        why_not = None
+        if isinstance(ports, dict) and "protocol" in ports:
+            echo = await ProtocolEchoClient.connect(int(ports["protocol"]), target.host)
+        else:
+            why_not = "the proxy serves no echo baseline (start it with `serve --bench-echo`)"
+        in_process = target.transport == "inproc"
+        clock = _ProxyClock(gpu, in_process)
+        with _xp_device(target, cfg.backend) as (xp, device):
+            try:
+                return await _measure(cfg, gpu, xp, device, echo, clock, target, why_not, report)
+            finally:
+                if echo is not None:
+                    echo.close()
+
+
+async def _measure(
+    cfg: OpsConfig,
+    gpu: gpuremote.GPU,
+    xp: Any,
+    device: Any,
+    echo: ProtocolEchoClient | None,
+    clock: _ProxyClock,
+    target: Target,
+    why_not: str | None,
+    report: Callable[[dict[str, Any]], None],
+) -> dict[str, Any]:
+    ones = np.ones(16, np.float32)
+    a = gpu.asarray(ones)
+    x = xp.asarray(ones, device=device)
+    local = connect_local(cfg.backend if cfg.backend != "auto" else "numpy", record=False)
+    remote_step = transformer_block(gpu)
+    local_step = transformer_block(local)
+
+    async def echo_op() -> None:
+        assert echo is not None
+        await echo.request(_ECHO)
+
+    async def sync_op() -> None:
+        b = a + a
+        await b.get()
+
+    async def xp_sync_op() -> None:
+        float(xp.sum(x + 1.0))
+
+    async def async_chain() -> None:
+        y = a
+        for _ in range(cfg.chain):
+            y = y + 1.0
+        got = await y.get()
+        if got[0] != 1.0 + cfg.chain:
+            raise gpuremote.GpuRemoteError(f"async_chain computed {got[0]}")
+
+    async def xp_async_chain() -> None:
+        y = x
+        for _ in range(cfg.chain):
+            y = y + 1.0
+        got = float(y[0])
+        if got != 1.0 + cfg.chain:
+            raise gpuremote.GpuRemoteError(f"xp_async_chain computed {got}")
+
+    async def transformer_step() -> None:
+        await remote_step()
+
+    async def transformer_local() -> None:
+        await local_step()
+
+    # name -> (one op, ops it counts, repeats per round)
+    chunk = max(1, cfg.iterations // cfg.rounds)
+    paths: dict[str, tuple[Callable[[], Awaitable[None]], int, int]] = {}
+    if echo is not None:
+        paths["echo"] = (echo_op, 1, chunk)
+    table = {
+        "sync_op": (sync_op, 1, chunk),
+        "xp_sync_op": (xp_sync_op, 1, chunk),
+        "async_chain": (async_chain, cfg.chain, 1),
+        "xp_async_chain": (xp_async_chain, cfg.chain, 1),
+        "transformer_step": (transformer_step, 1, cfg.steps),
+    }
+    for name in cfg.cases:
+        paths[name] = table[name]
+        if name == "transformer_step":
+            paths["transformer_local"] = (transformer_local, 1, cfg.steps)
+    figures = {name: _Figures() for name in paths}
+    for name, (fn, per, reps) in paths.items():  # warm-up, not counted
+        for _ in range(max(1, cfg.warmup // per) if per == 1 else 1):
+            await fn()
+    for r in range(cfg.rounds):
+        for name, (fn, per, reps) in paths.items():
+            fig = figures[name]
+            p0 = await clock.read() if name != "transformer_local" else None
+            c0 = time.process_time()
+            for _ in range(reps):
+                t0 = time.perf_counter_ns()
+                await fn()
+                dt = time.perf_counter_ns() - t0
+                if per == 1:
+                    fig.wall_ns.append(dt)
+                else:
+                    fig.wall_ns.append(dt / per)
+                    fig.blocks_s.append(dt / 1e9)
+            fig.client_cpu_s += time.process_time() - c0
+            p1 = await clock.read() if name != "transformer_local" else None
+            if p0 is None or p1 is None or fig.proxy_cpu_s is None:
+                fig.proxy_cpu_s = None
+            else:
+                fig.proxy_cpu_s += p1 - p0
+            fig.ops += per * reps
+        report(_result(cfg, target, figures, why_not, r + 1))
+    await local.aclose()
+    return _result(cfg, target, figures, why_not, cfg.rounds)
+
+
+def _result(
+    cfg: OpsConfig,
+    target: Target,
+    figures: dict[str, _Figures],
+    why_not: str | None,
+    done: int,
+) -> dict[str, Any]:
+    echo = figures["echo"].summary("echo") if "echo" in figures else None
+    echo_cpu = _cpu(echo)
+    cases = []
+    for name in cfg.cases:
+        row = figures[name].summary(name)
+        row["ratio_wall_p50"] = ratio(row["wall_p50_us"], echo["wall_p50_us"]) if echo else None
+        row["ratio_cpu"] = ratio(_cpu(row), echo_cpu)
+        if name == "transformer_step":
+            loc = figures["transformer_local"].summary("transformer_local")
+            row["local_wall_p50_us"] = loc["wall_p50_us"]
+            row["slowdown"] = ratio(row["wall_p50_us"], loc["wall_p50_us"])
+        cases.append(row)
+    return {
+        "bench": "ops",
+        "transport": target.transport,
+        "url": target.url,
+        "rounds": done,
+        "of_rounds": cfg.rounds,
+        "chain": cfg.chain,
+        "echo": echo,
+        "baseline": "bare asyncio Protocol echo, 16 B, in the proxy's process" if echo else None,
+        "baseline_note": why_not,
+        "cases": cases,
+    }
+
+
+def _cpu(row: dict[str, Any] | None) -> float | None:
+    """Client plus proxy CPU per op (the client's alone where the proxy shares its process)."""
+    if row is None or row["client_cpu_us"] is None:
+        return None
+    return row["client_cpu_us"] + (row["proxy_cpu_us"] or 0.0)
