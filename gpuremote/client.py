@@ -27,20 +27,26 @@ from typing import Any
 
 import numpy as np
 
+from . import arraycore
+from .arraycore import Buffer
 from .auth import load_secret, proof
 from .calls import CALLS_BY_NAME
 from .config import PipelineConfig, pipeline_config, resolve_url
 from .errors import AuthenticationError, LocalProtocolError, RemoteProtocolError
 from .executor import PROTOCOL_VERSION
 from .framing import FrameLimits, byte_view
-from .ops import OPS, infer
+from .ops import OPS
 from .protocol import DTYPES, decode_greeting
 from .session import BUFFER, Session
 from .transports import connect as transport_connect
 
 __all__ = ["GPU", "DeviceBuffer", "Event", "Kernel", "RemoteArray", "Stream", "connect"]
 
+#: the device buffer under a RemoteArray (the array core's, shared with ``gpuremote.xp``)
+DeviceBuffer = Buffer
+
 _C = CALLS_BY_NAME
+_LAUNCH, _LAUNCH_NEW = _C["launch"], _C["launch_new"]
 Scalar = int | float | bool
 
 
@@ -58,27 +64,8 @@ def _dtype_name(dt: np.dtype[Any]) -> str:
     return _NAMES.get(dt) or _NAMES[_dtype(dt)]
 
 
-_CHECKED: dict[Any, bool] = {}  # launches whose output metadata was checked already
-
-
 def _host_bytes(host: np.ndarray[Any, Any]) -> memoryview:
     return byte_view(host)
-
-
-class DeviceBuffer:
-    """A block of device memory on the proxy, with its shadow host copy."""
-
-    __slots__ = ("__weakref__", "_finalizer", "freed", "handle", "host", "nbytes")
-
-    def __init__(self, session: Session, handle: int, nbytes: int) -> None:
-        self.handle = handle
-        self.nbytes = nbytes
-        self.host: np.ndarray[Any, Any] | None = None  # valid host copy (uint8), if any
-        self.freed = False
-        self._finalizer = weakref.finalize(self, session.release, handle)
-
-    def invalidate(self) -> None:
-        self.host = None
 
 
 class Stream:
@@ -202,7 +189,7 @@ class RemoteArray(ArrayMetadata):
         self.dtype = dtype
         self.offset = offset
         self._meta = (shape, dtype)
-        self._wire = [buf.handle, offset, list(shape), _dtype_name(dtype)]
+        self._wire = [buf.handle, offset, list(shape), _NAMES.get(dtype) or _dtype_name(dtype)]
 
     # -- metadata (LOCAL) ------------------------------------------------------------------
     @property
@@ -268,12 +255,8 @@ class RemoteArray(ArrayMetadata):
     def free(self) -> None:
         """Free the device buffer now (every view of it becomes unusable)."""
         buf = self._buf
-        if buf.freed:
-            return
-        buf.freed = True
-        buf.host = None
-        buf._finalizer.detach()
-        self._gpu._session.submit(_C["free"], 0, [buf.handle])
+        if buf.detach():
+            self._gpu._session.submit(_C["free"], 0, [buf.handle])
 
     # -- operators -------------------------------------------------------------------------
     @property
@@ -281,34 +264,34 @@ class RemoteArray(ArrayMetadata):
         return self._gpu.transpose(self)
 
     def __add__(self, other: Any) -> RemoteArray:
-        return self._gpu.add(self, other)
+        return self._gpu._apply("add", (self, other), {})
 
     def __radd__(self, other: Any) -> RemoteArray:
-        return self._gpu.add(other, self)
+        return self._gpu._apply("add", (other, self), {})
 
     def __sub__(self, other: Any) -> RemoteArray:
-        return self._gpu.subtract(self, other)
+        return self._gpu._apply("subtract", (self, other), {})
 
     def __rsub__(self, other: Any) -> RemoteArray:
-        return self._gpu.subtract(other, self)
+        return self._gpu._apply("subtract", (other, self), {})
 
     def __mul__(self, other: Any) -> RemoteArray:
-        return self._gpu.multiply(self, other)
+        return self._gpu._apply("multiply", (self, other), {})
 
     def __rmul__(self, other: Any) -> RemoteArray:
-        return self._gpu.multiply(other, self)
+        return self._gpu._apply("multiply", (other, self), {})
 
     def __truediv__(self, other: Any) -> RemoteArray:
-        return self._gpu.divide(self, other)
+        return self._gpu._apply("divide", (self, other), {})
 
     def __rtruediv__(self, other: Any) -> RemoteArray:
-        return self._gpu.divide(other, self)
+        return self._gpu._apply("divide", (other, self), {})
 
     def __matmul__(self, other: RemoteArray) -> RemoteArray:
-        return self._gpu.matmul(self, other)
+        return self._gpu._apply("matmul", (self, other), {})
 
     def __neg__(self) -> RemoteArray:
-        return self._gpu.op("negative", self)
+        return self._gpu._apply("negative", (self,), {})
 
 
 ArrayOrScalar = RemoteArray | Scalar
@@ -356,9 +339,9 @@ class GPU:
     def _stream(self, stream: Stream | None) -> int:
         return self._current if stream is None else stream.handle
 
-    def _new_buffer(self, nbytes: int) -> DeviceBuffer:
+    def _new_buffer(self, nbytes: int) -> Buffer:
         session = self._session
-        buf = DeviceBuffer(session, session.new_handle(), nbytes)
+        buf = Buffer(session.release, session.new_handle(), nbytes)
         session.submit(_C["alloc"], 0, [buf.handle, nbytes])
         return buf
 
@@ -433,30 +416,15 @@ class GPU:
         **params: Any,
     ) -> None:
         """Run op ``op`` writing into existing ``outputs`` (the raw GPU-API form)."""
-        try:
-            key: Any = (
-                op,
-                *[a._meta for a in inputs],
-                None,
-                *[o._meta for o in outputs],
-                *params.items(),
-            )
-            checked = key in _CHECKED
-        except TypeError:  # a list-valued param: not hashable, check every time
-            key, checked = None, False
-        if not checked:
-            metas = infer(op, [a._meta for a in inputs], params)
-            if len(metas) != len(outputs):
-                raise ValueError(f"{op} writes {len(metas)} outputs, {len(outputs)} given")
-            for (shape, dt), o in zip(metas, outputs, strict=True):
-                if (shape, dt) != o._meta:
-                    raise ValueError(f"{op} writes {shape}/{dt}, the output is {o.shape}/{o.dtype}")
-            if key is not None and len(_CHECKED) < 100_000:
-                _CHECKED[key] = True
-        for o in outputs:
+        metas = arraycore.infer(op, [a._meta for a in inputs], params)
+        if len(metas) != len(outputs):
+            raise ValueError(f"{op} writes {len(metas)} outputs, {len(outputs)} given")
+        for (shape, dt), o in zip(metas, outputs, strict=True):
+            if (shape, dt) != o._meta:
+                raise ValueError(f"{op} writes {shape}/{dt}, the output is {o.shape}/{o.dtype}")
             o._buf.host = None
         self._session.submit(
-            _C["launch"],
+            _LAUNCH,
             self._current if stream is None else stream.handle,
             [op, [a._desc() for a in inputs], [o._desc() for o in outputs], params],
         )
@@ -470,23 +438,52 @@ class GPU:
         **params: Any,
     ) -> RemoteArray:
         """Run allow-listed op ``name`` on ``inputs``; returns its (new, or ``out``) result."""
-        if name not in OPS:
+        return self._apply(name, inputs, params, out, stream)
+
+    def _apply(
+        self,
+        name: str,
+        inputs: Sequence[ArrayOrScalar],
+        params: dict[str, Any],
+        out: RemoteArray | None = None,
+        stream: Stream | None = None,
+    ) -> RemoteArray:
+        """``op`` without the argument packing: the path every operator takes."""
+        spec = OPS.get(name)
+        if spec is None:
             raise ValueError(f"unknown op {name!r}; see gpuremote.ops.OPS")
         arrays: list[RemoteArray] = []
         for i, x in enumerate(inputs):
-            if isinstance(x, RemoteArray):
+            if type(x) is RemoteArray:
                 arrays.append(x)
-            elif isinstance(x, bool | int | float | np.generic) and "scalar" in OPS[name].params:
+            elif isinstance(x, bool | int | float | np.generic) and "scalar" in spec.params:
                 if i == 0 and len(inputs) == 2:
                     params["reverse"] = True
                 params["scalar"] = x.item() if isinstance(x, np.generic) else x
+            elif isinstance(x, RemoteArray):
+                arrays.append(x)
             else:
                 arrays.append(self.asarray(x))
-        ((shape, dt),) = infer(name, [(a.shape, a.dtype) for a in arrays], params)
-        if out is None:
-            out = RemoteArray(self, self._new_buffer(math.prod(shape) * dt.itemsize), shape, dt)
-        self.launch(name, arrays, [out], stream, **params)
-        return out
+        if out is not None:
+            self.launch(name, arrays, [out], stream, **params)
+            return out
+        metas = arraycore.infer(name, [a._meta for a in arrays], params)
+        if len(metas) != 1:
+            raise ValueError(f"{name} writes {len(metas)} outputs; use launch()")
+        ((shape, dt),) = metas
+        wires = [a._desc() for a in arrays]  # raises for a freed input, before anything exists
+        session = self._session
+        nbytes = dt.itemsize
+        for d in shape:
+            nbytes *= d
+        result = RemoteArray(self, Buffer(session.release, session.new_handle(), nbytes), shape, dt)
+        # one command: the proxy allocates the output's buffer and launches
+        session.submit(
+            _LAUNCH_NEW,
+            self._current if stream is None else stream.handle,
+            [name, wires, [result._wire], params],
+        )
+        return result
 
     def matmul(self, a: RemoteArray, b: RemoteArray, **kw: Any) -> RemoteArray:
         return self.op("matmul", a, b, **kw)
