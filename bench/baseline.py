@@ -114,9 +114,7 @@ class EchoServers:
     asyncio streams and a bare asyncio ``Protocol`` on the running event loop. ``ports`` is
     what clients need."""
 
-    def __init__(
-        self, lsock: socket.socket, server: asyncio.Server, proto: asyncio.Server
-    ) -> None:
+    def __init__(self, lsock: socket.socket, server: asyncio.Server, proto: asyncio.Server) -> None:
         self._lsock = lsock
         self._servers = (server, proto)
         self.ports = {

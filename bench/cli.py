@@ -139,9 +139,7 @@ def add_bench_parser(sub: Any) -> None:
     op.add_argument("--chain", type=int, default=10_000, help="ops per asynchronous chain")
     op.add_argument("--steps", type=int, default=20, help="transformer steps per round")
     op.add_argument("--warmup", type=int, default=300, help="uncounted iterations per case")
-    op.add_argument(
-        "--cases", default=None, help="comma-separated subset (default: every case)"
-    )
+    op.add_argument("--cases", default=None, help="comma-separated subset (default: every case)")
     op.set_defaults(func=_ops)
 
     a = bs.add_parser("api", help="calls per second: synchronous versus pipelined")

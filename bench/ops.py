@@ -19,9 +19,11 @@ Cases:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,10 +103,9 @@ class _ProxyClock:
 def _xp_device(target: Target, backend: str) -> Iterator[Any]:
     import gpuremote.xp as xp
 
-    if target.transport == "inproc":
-        device = xp.connect_local(backend)  # a proxy on the device's own loop, in process
-    else:
-        device = xp.connect(target.url)
+    # in process (inproc://), a proxy on the device's own loop
+    inproc = target.transport == "inproc"
+    device = xp.connect_local(backend) if inproc else xp.connect(target.url)
     try:
         yield xp, device
     finally:
@@ -165,7 +166,7 @@ async def _measure(
         b = a + a
         await b.get()
 
-    async def xp_sync_op() -> None:
+    def xp_sync_op() -> None:
         float(xp.sum(x + 1.0))
 
     async def async_chain() -> None:
@@ -176,7 +177,7 @@ async def _measure(
         if got[0] != 1.0 + cfg.chain:
             raise gpuremote.GpuRemoteError(f"async_chain computed {got[0]}")
 
-    async def xp_async_chain() -> None:
+    def xp_async_chain() -> None:
         y = x
         for _ in range(cfg.chain):
             y = y + 1.0
@@ -190,9 +191,10 @@ async def _measure(
     async def transformer_local() -> None:
         await local_step()
 
-    # name -> (one op, ops it counts, repeats per round)
+    # name -> (one op, ops it counts, repeats per round); plain functions are gpuremote.xp's
+    # (synchronous code): they run in a thread of their own, as a script's main thread would
     chunk = max(1, cfg.iterations // cfg.rounds)
-    paths: dict[str, tuple[Callable[[], Awaitable[None]], int, int]] = {}
+    paths: dict[str, tuple[Callable[[], Any], int, int]] = {}
     if echo is not None:
         paths["echo"] = (echo_op, 1, chunk)
     table = {
@@ -207,18 +209,14 @@ async def _measure(
         if name == "transformer_step":
             paths["transformer_local"] = (transformer_local, 1, cfg.steps)
     figures = {name: _Figures() for name in paths}
-    for name, (fn, per, reps) in paths.items():  # warm-up, not counted
-        for _ in range(max(1, cfg.warmup // per) if per == 1 else 1):
-            await fn()
+    for fn, per, _ in paths.values():  # warm-up, not counted
+        await _timed(fn, max(1, cfg.warmup // per) if per == 1 else 1)
     for r in range(cfg.rounds):
         for name, (fn, per, reps) in paths.items():
             fig = figures[name]
             p0 = await clock.read() if name != "transformer_local" else None
             c0 = time.process_time()
-            for _ in range(reps):
-                t0 = time.perf_counter_ns()
-                await fn()
-                dt = time.perf_counter_ns() - t0
+            for dt in await _timed(fn, reps):
                 if per == 1:
                     fig.wall_ns.append(dt)
                 else:
@@ -234,6 +232,29 @@ async def _measure(
         report(_result(cfg, target, figures, why_not, r + 1))
     await local.aclose()
     return _result(cfg, target, figures, why_not, cfg.rounds)
+
+
+async def _timed(fn: Callable[[], Any], reps: int) -> list[int]:
+    """Nanoseconds of each of ``reps`` calls of ``fn`` (a coroutine function, or a plain one
+    timed in a worker thread, the loop inside it)."""
+    clock = time.perf_counter_ns
+    if inspect.iscoroutinefunction(fn):
+        out = []
+        for _ in range(reps):
+            t0 = clock()
+            await fn()
+            out.append(clock() - t0)
+        return out
+
+    def run() -> list[int]:
+        out = []
+        for _ in range(reps):
+            t0 = clock()
+            fn()
+            out.append(clock() - t0)
+        return out
+
+    return await asyncio.to_thread(run)
 
 
 def _result(

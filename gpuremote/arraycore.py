@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,11 +45,9 @@ class Buffer:
         return True
 
     def __del__(self) -> None:  # cheaper than weakref.finalize, and as prompt
-        if not self.freed:
-            try:
+        if not self.freed:  # at interpreter exit, or with the session gone, nothing to free
+            with contextlib.suppress(Exception):
                 self.release(self.handle)
-            except Exception:  # at interpreter exit, or the session is gone: nothing to free
-                pass
 
 
 _CACHE: dict[Any, list[ops.Meta]] = {}

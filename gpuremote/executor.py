@@ -82,7 +82,7 @@ class Executor:
         self.kernels: dict[int, Any] = {}
         self.device_bytes = 0
         self._views: dict[int, dict[ArrayDesc, Any]] = {}
-        self._plans: dict[Any, tuple[Any, list[Any], list[Any]]] = {}  # checked launches
+        self._checked: dict[Any, Any] = {}  # launch signature -> its op, once checked
         self._poisoned: set[int] = set()
         self._pending: list[ErrorInfo] = []
         self._skipped = 0
@@ -319,8 +319,6 @@ class Executor:
             raise CallFailed(f"unknown buffer handle {handle}")
         self.device_bytes -= self.nbytes.pop(handle)
         self._views.pop(handle, None)
-        if self._plans:
-            self._plans.clear()
 
     def _cmd_copy_h2d(self, ctx: _Ctx, dst: ArrayDesc, index: int) -> None:
         data = ctx.buffers[index]
@@ -339,8 +337,6 @@ class Executor:
                 ctx.used_buffers.add(index)
                 self.buffers[dst.handle] = adopted
                 self._views.pop(dst.handle, None)
-                if self._plans:
-                    self._plans.clear()
                 return
         ctx.used_buffers.add(index)
         self.backend.from_host(view, host.view(dst.dtype).reshape(dst.shape), ctx.stream)
@@ -377,31 +373,41 @@ class Executor:
         outputs: tuple[ArrayDesc, ...],
         params: dict[str, Any],
     ) -> None:
+        # the op's checks depend on shapes, dtypes and params only: run them once per
+        # signature (per session, bounded), then only resolve the handles
         try:
-            key: Any = (op_name, inputs, outputs, *params.items())
-            plan = self._plans.get(key)
-        except TypeError:  # list-valued params are not hashable: no plan cache
-            key, plan = None, None
-        if plan is None:
-            plan = self._plan(op_name, inputs, outputs, params)
+            key: Any = (
+                op_name,
+                *[d[2:] for d in inputs],
+                None,
+                *[d[2:] for d in outputs],
+                *[(k, type(v), v) for k, v in params.items()],  # exact types: 1 is not True
+            )
+            op = self._checked.get(key)
+        except TypeError:  # list-valued params are not hashable: check every time
+            key, op = None, None
+        if op is None:
+            op = self._check_launch(op_name, inputs, outputs, params)
             if key is not None:
-                if len(self._plans) > 4096:
-                    self._plans.clear()
-                self._plans[key] = plan
-        op, ins, outs = plan
+                if len(self._checked) >= 4096:
+                    self._checked.clear()
+                self._checked[key] = op
+        resolve = self._resolve
+        ins = [resolve(d) for d in inputs]
+        outs = [resolve(d) for d in outputs]
         if ctx.batch is None:  # entered once per batch, and only for batches that compute
             ctx.batch = self.backend.batch()
             ctx.batch.__enter__()
         self.backend.run_op(op, ins, outs, params, ctx.stream)
 
-    def _plan(
+    def _check_launch(
         self,
         op_name: str,
         inputs: tuple[ArrayDesc, ...],
         outputs: tuple[ArrayDesc, ...],
         params: dict[str, Any],
-    ) -> tuple[Any, list[Any], list[Any]]:
-        """Check a launch and resolve its arrays (cached until a buffer is freed)."""
+    ) -> Any:
+        """The op of a launch whose outputs are what the op writes for these inputs."""
         op = OPS.get(op_name)
         if op is None:
             raise CallFailed(f"unknown op {op_name!r}; the proxy allows {len(OPS)} ops")
@@ -412,7 +418,7 @@ class Executor:
             got = [(o.shape, str(o.dtype)) for o in outputs]
             want = [(s, str(d)) for s, d in metas]
             raise CallFailed(f"{op_name} writes outputs {want}, the call gave {got}")
-        return op, [self._resolve(d) for d in inputs], [self._resolve(d) for d in outputs]
+        return op
 
     def _cmd_launch_new(
         self,

@@ -363,45 +363,35 @@ def _check_text(v: Any, name: str, ctx: DecodeContext) -> str:
     return v
 
 
-_DESC_CACHE: dict[tuple[Any, ...], ArrayDesc] = {}
-
-
 def check_array(v: Any, name: str, lim: FrameLimits) -> ArrayDesc:
-    """Check an array descriptor ``[handle, offset, shape, dtype]``."""
+    """Check an array descriptor ``[handle, offset, shape, dtype]`` (every field, every time:
+    exact types first, so that ``1.0`` or ``False`` never passes for ``1``)."""
     if type(v) is not list or len(v) != 4:
         raise BadCommand(
             f"argument {name!r} must be an array descriptor [handle, offset, shape, dtype]"
         )
     handle, offset, shape, dtype = v
+    if type(handle) is not int or not 0 <= handle <= MAX_HANDLE:
+        _int(handle, f"{name}.handle", 0, MAX_HANDLE)
+    if type(offset) is not int or not 0 <= offset <= MAX_SIZE:
+        _int(offset, f"{name}.offset", 0, MAX_SIZE)
     if type(shape) is not list:
         raise BadCommand(f"argument {name!r}: shape must be a list")
-    key = (handle, offset, *shape, dtype)
-    try:
-        hit = _DESC_CACHE.get(key)
-    except TypeError:  # unhashable garbage: the checks below reject it
-        hit = None
-    if hit is not None:
-        return hit
-    _int(handle, f"{name}.handle", 0, MAX_HANDLE)
-    _int(offset, f"{name}.offset", 0, MAX_SIZE)
     if len(shape) > lim.max_ndim:
         raise BadCommand(
             f"argument {name!r} has {len(shape)} dimensions; the limit is {lim.max_ndim}"
         )
     size = 1
     for d in shape:
-        _int(d, f"{name}.shape", 0, MAX_SIZE)
+        if type(d) is not int or not 0 <= d <= MAX_SIZE:
+            _int(d, f"{name}.shape", 0, MAX_SIZE)
         size *= d
     dt = DTYPES.get(dtype) if type(dtype) is str else None
     if dt is None:
         raise BadCommand(f"argument {name!r}: unsupported dtype {dtype!r:.40}")
     if size * dt.itemsize > MAX_SIZE:
         raise BadCommand(f"argument {name!r} is too large")
-    desc = ArrayDesc(handle, offset, tuple(shape), dt)
-    if len(_DESC_CACHE) > 8192:  # bounded: hostile clients cannot grow it
-        _DESC_CACHE.clear()
-    _DESC_CACHE[key] = desc
-    return desc
+    return ArrayDesc(handle, offset, tuple(shape), dt)
 
 
 def _check_array(v: Any, name: str, ctx: DecodeContext) -> ArrayDesc:

@@ -1,19 +1,23 @@
-"""A proxy connection driven from synchronous code: the session runs on an event loop in a
-background thread; array operations are posted to it without waiting, and only what brings
-data back (or has a data-dependent shape) waits for a reply.
+"""A proxy connection driven from synchronous code.
 
-Posting is lock-free: calls go into a deque, and a drain callback is scheduled on the loop
-when none is pending. The drain hands them to the session's pipeline in order, which batches
-everything posted since the last drain into one frame.
+The session lives on an event loop of its own that no thread runs all the time. Array
+operations are posted without waiting (a lock-free deque); a call that waits for the proxy runs
+the loop *in the calling thread* until its reply is in, sending everything posted before it in
+the same frame: no thread hand-off on the synchronous path. A helper thread sends what was
+posted and not taken by a waiting call within ``nudge_us`` (so work starts on the proxy without
+a synchronising call), and runs the calls of threads that already run an event loop of their
+own (asyncio code, Jupyter), which cannot run a second one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import contextlib
 import math
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Coroutine, Sequence
@@ -21,14 +25,15 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ..aio import _uvloop
+from .. import arraycore
 from ..apiops import PREFIX, OpTypeError
+from ..arraycore import Buffer
 from ..calls import CALLS_BY_NAME, CallSpec
 from ..client import GPU
 from ..client import connect as _connect
 from ..errors import ConnectionClosed
 from ..framing import byte_view
-from ..ops import OpError, infer
+from ..ops import OpError
 from ..protocol import DTYPES
 from ..session import BUFFER
 
@@ -40,23 +45,6 @@ _ALLOC, _FREE, _LAUNCH, _LAUNCH_NEW = _C["alloc"], _C["free"], _C["launch"], _C[
 _COPY_H2D, _COPY_D2H, _DYNAMIC = _C["copy_h2d"], _C["copy_d2h"], _C["launch_dynamic"]
 
 _OPEN: weakref.WeakSet[Device] = weakref.WeakSet()
-
-
-class Buffer:
-    """A device buffer of the proxy, freed when the last array on it is gone; ``host`` is a
-    valid host copy of its bytes, if one is known (no round trip to read it)."""
-
-    __slots__ = ("device", "handle", "host", "nbytes")
-
-    def __init__(self, device: Device, handle: int, nbytes: int) -> None:
-        self.device = device
-        self.handle = handle
-        self.nbytes = nbytes
-        self.host: np.ndarray[Any, Any] | None = None
-
-    def __del__(self) -> None:  # cheaper than weakref.finalize, and as prompt
-        with contextlib.suppress(Exception):
-            self.device._release(self.handle)
 
 
 def _raise_local(exc: OpError) -> None:
@@ -73,18 +61,28 @@ class Device:
     theirs as ``x.device``. ``close()`` (or a ``with`` block) ends the session.
     """
 
-    def __init__(self, url: str | None = None, *, serve: str | None = None, **options: Any) -> None:
-        uv = _uvloop()
-        self._loop = uv.new_event_loop() if uv is not None else asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="gpuremote-xp", daemon=True
-        )
-        self._thread.start()
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        serve: str | None = None,
+        nudge_us: float = 200.0,
+        **options: Any,
+    ) -> None:
+        # asyncio's own loop, not uvloop: the loop is run once per waiting call, and uvloop
+        # sets up (and tears down) a signal socketpair each time it runs in the main thread
+        self._loop = asyncio.new_event_loop()
+        self._owner = threading.Lock()  # held by whichever thread runs the loop
+        self._driver: int | None = None  # that thread's id
         self._posted: deque[tuple[CallSpec, int, list[Any], memoryview | None]] = deque()
-        self._scheduled = False
+        self._jobs: deque[tuple[Coroutine[Any, Any, Any], concurrent.futures.Future[Any]]] = deque()
+        self._wake = threading.Event()  # something is posted, or a job waits
+        self._nudge_s = nudge_us / 1e6
         self._error: BaseException | None = None
         self.closed = False
         self._proxy: Any = None
+        self._helper = threading.Thread(target=self._help, name="gpuremote-xp", daemon=True)
+        self._helper.start()
 
         async def open_() -> GPU:
             target = url
@@ -104,12 +102,56 @@ class Device:
         self.url = self.gpu.url
         _OPEN.add(self)
 
-    # -- the loop thread -------------------------------------------------------------------
+    # -- driving the loop ------------------------------------------------------------------
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        if threading.current_thread() is self._thread:
+        """Run ``coro`` on the device's loop: in this thread, or, where this thread runs a
+        loop of its own, on the helper thread."""
+        if self._driver == threading.get_ident():
             coro.close()
-            raise RuntimeError("gpuremote.xp cannot be called from its own event loop thread")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+            raise RuntimeError("gpuremote.xp cannot be called from its own event loop")
+        if asyncio._get_running_loop() is not None:
+            job: concurrent.futures.Future[T] = concurrent.futures.Future()
+            self._jobs.append((coro, job))
+            self._wake.set()
+            return job.result()
+        with self._owner:
+            return self._drive(coro)
+
+    def _drive(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run the loop until ``coro`` is done (the caller holds ``_owner``)."""
+        self._driver = threading.get_ident()
+        try:
+            return self._loop.run_until_complete(coro)
+        finally:
+            self._driver = None
+
+    def _help(self) -> None:
+        """The helper thread: sends what was posted and not sent within ``nudge_s``, runs the
+        jobs of threads that cannot drive the loop."""
+        wake, posted, jobs = self._wake, self._posted, self._jobs
+        while True:
+            wake.wait()
+            if not jobs:
+                time.sleep(self._nudge_s)  # a waiting call may take the batch meanwhile
+            wake.clear()
+            if self.closed and not jobs:
+                return
+            while jobs:
+                coro, job = jobs.popleft()
+                with self._owner:
+                    try:
+                        job.set_result(self._drive(coro))
+                    except BaseException as exc:
+                        job.set_exception(exc)
+            if posted and not self.closed:
+                with self._owner:
+                    if not self._loop.is_closed():
+                        self._drive(self._send_posted())
+
+    async def _send_posted(self) -> None:
+        self._drain()
+        with contextlib.suppress(Exception):  # errors surface at the next waiting call
+            await self.session.flush()
 
     def post(
         self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None = None
@@ -117,17 +159,13 @@ class Device:
         """Queue an ASYNC call (returns at once; it is sent with the next batch)."""
         if self.closed:
             raise ConnectionClosed(f"the device {self.url} is closed")
-        self._posted.append((spec, stream, args, buffer))
-        if not self._scheduled:
-            self._scheduled = True
-            try:
-                self._loop.call_soon_threadsafe(self._drain)
-            except RuntimeError:  # the loop is closed
-                self._scheduled = False
+        posted = self._posted
+        posted.append((spec, stream, args, buffer))
+        if len(posted) == 1:  # the first since the last send: the helper sends it if no one
+            self._wake.set()
 
     def _drain(self) -> None:
         """On the loop: hand everything posted to the session, in order."""
-        self._scheduled = False
         posted, submit = self._posted, self.session.submit
         while posted:
             item = posted.popleft()
@@ -171,7 +209,7 @@ class Device:
         nbytes = dtype.itemsize
         for d in shape:
             nbytes *= d
-        return Array(self, Buffer(self, self.session.new_handle(), nbytes), shape, dtype)
+        return Array(self, Buffer(self._release, self.session.new_handle(), nbytes), shape, dtype)
 
     def upload(self, host: np.ndarray[Any, Any]) -> Array:
         """A remote copy of ``host`` (ASYNC alloc and upload; the host copy is kept)."""
@@ -186,7 +224,7 @@ class Device:
     def meta(self, name: str, arrays: Sequence[Array], params: dict[str, Any]) -> list[Any]:
         """Output shapes and dtypes of op ``xp.name`` (raising the standard's errors)."""
         try:
-            return infer(PREFIX + name, [(a.shape, a.dtype) for a in arrays], params)
+            return arraycore.infer(PREFIX + name, [(a.shape, a.dtype) for a in arrays], params)
         except OpError as exc:
             _raise_local(exc)
             raise  # unreachable
@@ -233,7 +271,7 @@ class Device:
         outs = []
         for h, (shape, dtype) in zip(handles, value, strict=True):
             dt = DTYPES[dtype]
-            buf = Buffer(self, h, math.prod(shape) * dt.itemsize)
+            buf = Buffer(self._release, h, math.prod(shape) * dt.itemsize)
             outs.append(Array(self, buf, tuple(shape), dt))
         return outs
 
@@ -281,11 +319,13 @@ class Device:
             await self._proxy.close()
 
     def _stop_loop(self) -> None:
-        if self._loop.is_running():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(5)
-        if not self._loop.is_running():
-            self._loop.close()
+        self.closed = True
+        self._wake.set()
+        if self._helper is not threading.current_thread():
+            self._helper.join(5)
+        with self._owner:
+            if not self._loop.is_closed():
+                self._loop.close()
 
     def __enter__(self) -> Device:
         return self
