@@ -25,8 +25,8 @@ class Buffer:
 
     __slots__ = ("__weakref__", "freed", "handle", "host", "nbytes", "release")
 
-    def __init__(self, release: Callable[[int], None], handle: int, nbytes: int) -> None:
-        self.release = release  # called with the handle once, when the buffer goes
+    def __init__(self, release: Callable[[int, int], None], handle: int, nbytes: int) -> None:
+        self.release = release  # called with (handle, nbytes) once, when the buffer goes
         self.handle = handle
         self.nbytes = nbytes
         self.host: Any = None
@@ -47,7 +47,7 @@ class Buffer:
     def __del__(self) -> None:  # cheaper than weakref.finalize, and as prompt
         if not self.freed:  # at interpreter exit, or with the session gone, nothing to free
             with contextlib.suppress(Exception):
-                self.release(self.handle)
+                self.release(self.handle, self.nbytes)
 
 
 _CACHE: dict[Any, list[ops.Meta]] = {}

@@ -98,6 +98,13 @@ CALLS: tuple[CallSpec, ...] = (
     # -- memory ----------------------------------------------------------------------------
     CallSpec("alloc", 10, _A, (("handle", Arg.HANDLE), ("nbytes", Arg.SIZE))),
     CallSpec("free", 11, _A, (("handle", Arg.HANDLE),)),
+    CallSpec(
+        "free_buffers",
+        16,
+        _A,
+        (("handles", Arg.HANDLES),),
+        "free several buffers (what was released since the last frame: one command)",
+    ),
     CallSpec("copy_h2d", 12, _A, (("dst", Arg.ARRAY), ("data", Arg.BUFFER)), "host-to-device copy"),
     CallSpec("copy_d2h", 13, _S, (("src", Arg.ARRAY),), "device-to-host copy; returns a buffer"),
     CallSpec("copy_d2d", 14, _A, (("dst", Arg.ARRAY), ("src", Arg.ARRAY))),

@@ -32,6 +32,7 @@ _MANAGEMENT = frozenset(
         "admin_stats",
         "alloc",
         "free",
+        "free_buffers",
         "stream_create",
         "stream_destroy",
         "event_create",
@@ -319,6 +320,18 @@ class Executor:
             raise CallFailed(f"unknown buffer handle {handle}")
         self.device_bytes -= self.nbytes.pop(handle)
         self._views.pop(handle, None)
+
+    def _cmd_free_buffers(self, ctx: _Ctx, handles: tuple[int, ...]) -> None:
+        unknown = []
+        buffers, nbytes, views = self.buffers, self.nbytes, self._views
+        for handle in handles:
+            if buffers.pop(handle, None) is None:
+                unknown.append(handle)
+                continue
+            self.device_bytes -= nbytes.pop(handle)
+            views.pop(handle, None)
+        if unknown:
+            raise CallFailed(f"unknown buffer handle(s) {unknown}")
 
     def _cmd_copy_h2d(self, ctx: _Ctx, dst: ArrayDesc, index: int) -> None:
         data = ctx.buffers[index]

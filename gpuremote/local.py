@@ -155,7 +155,7 @@ class DirectSession:
     async def flush(self, wait: bool = False) -> None:
         return None
 
-    def release(self, handle: int) -> None:
+    def release(self, handle: int, nbytes: int = 0) -> None:
         """Free ``handle`` before the next call (finalizers may run in the middle of one)."""
         if not self._closed:
             self._to_free.append(handle)

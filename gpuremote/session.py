@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
@@ -36,7 +35,9 @@ __all__ = ["BUFFER", "Counters", "Session"]
 #: placeholder for the out-of-band buffer argument of a call
 BUFFER = object()
 
-_FREE = CALLS_BY_NAME["free"]
+_FREE, _FREE_BUFFERS = CALLS_BY_NAME["free"], CALLS_BY_NAME["free_buffers"]
+_FREES_PER_COMMAND = 64  # the protocol's longest list of handles
+_FREE_BYTES = 64 << 20  # device memory that may wait for the end of a batch to be freed
 
 #: opcode -> positions and kinds of its array arguments (sent once per frame, by index)
 _ARRAY_ARGS: dict[int, tuple[tuple[int, Arg], ...]] = {
@@ -77,7 +78,6 @@ class Session:
         self.config = config
         self.counters = Counters()
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.get_ident()
         self._seq = 0
         self._handles = itertools.count(1)
         self._queue: list[list[Any]] = []
@@ -89,6 +89,7 @@ class Session:
         self._flush_scheduled: asyncio.Handle | asyncio.TimerHandle | None = None
         self._pending: dict[int, asyncio.Future[Result]] = {}
         self._to_free: list[int] = []
+        self._free_bytes = 0  # what the handles in _to_free hold
         self._serial: deque[tuple[Frame, asyncio.Future[Result]]] = deque()
         self._serial_task: asyncio.Task[None] | None = None
         self._error: BaseException | None = None
@@ -158,7 +159,11 @@ class Session:
         """Queue an ASYNC call; returns at once."""
         self.check_open()
         self.counters.calls["async"] += 1
-        if self._to_free:
+        if self._to_free and (
+            len(self._to_free) >= _FREES_PER_COMMAND
+            or self._free_bytes >= _FREE_BYTES
+            or not self.config.async_calls
+        ):
             self._queue_frees()
         if not self.config.async_calls:
             cmd = self._command(spec, stream, args, buffer, ack=True)
@@ -253,12 +258,14 @@ class Session:
                 self._send_serial()
         await self.conn.drain()
 
-    def release(self, handle: int) -> None:
-        """Free buffer ``handle`` later (safe from finalizers, in any thread)."""
+    def release(self, handle: int, nbytes: int = 0) -> None:
+        """Free buffer ``handle`` of ``nbytes`` later (safe from finalizers, in any thread):
+        with the frame being built, in one command, or sooner once many bytes wait."""
         if self.closed:
             return
         self._to_free.append(handle)
-        if threading.get_ident() == self._thread:
+        self._free_bytes += nbytes
+        if asyncio._get_running_loop() is self._loop:
             if self._flush_scheduled is None and self.config.async_calls:
                 self._flush_scheduled = self._loop.call_soon(self._flush_callback)
         else:
@@ -266,13 +273,20 @@ class Session:
                 self._loop.call_soon_threadsafe(self._flush_callback)
 
     def _queue_frees(self) -> None:
-        frees, self._to_free = self._to_free, []
-        for h in frees:
-            self.counters.calls["async"] += 1
-            ack = not self.config.async_calls
-            self._queue.append(self._command(_FREE, 0, [h], None, ack=ack))
-            if ack:
+        frees, self._to_free, self._free_bytes = self._to_free, [], 0
+        if not self.config.async_calls:  # one round trip per call, as for every other call
+            for h in frees:
+                self.counters.calls["async"] += 1
+                self._queue.append(self._command(_FREE, 0, [h], None, ack=True))
                 self._send_serial()
+            return
+        for i in range(0, len(frees), _FREES_PER_COMMAND):
+            self.counters.calls["async"] += 1
+            chunk = frees[i : i + _FREES_PER_COMMAND]
+            if len(chunk) == 1:
+                self._queue.append(self._command(_FREE, 0, chunk, None, ack=False))
+            else:
+                self._queue.append(self._command(_FREE_BUFFERS, 0, [chunk], None, ack=False))
 
     # -- flushing --------------------------------------------------------------------------
     def _flush_callback(self) -> None:
@@ -288,6 +302,8 @@ class Session:
         if self._flush_scheduled is not None:
             self._flush_scheduled.cancel()
             self._flush_scheduled = None
+        if self._to_free and self.config.async_calls:
+            self._queue_frees()
         if not self._queue:
             return
         frame = _encode_request(

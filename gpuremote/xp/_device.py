@@ -166,19 +166,23 @@ class Device:
 
     def _drain(self) -> None:
         """On the loop: hand everything posted to the session, in order."""
-        posted, submit = self._posted, self.session.submit
+        session = self.session
+        posted, submit, release = self._posted, session.submit, session.release
         while posted:
             item = posted.popleft()
             try:
-                submit(*item)
+                if item[0] is _FREE:  # goes with the session's next frees, before what follows
+                    release(*item[2])
+                else:
+                    submit(*item)
             except Exception as exc:
                 if self._error is None:
                     self._error = exc
 
-    def _release(self, handle: int) -> None:
+    def _release(self, handle: int, nbytes: int = 0) -> None:
         if not self.closed and self._error is None:
             with contextlib.suppress(ConnectionClosed):
-                self.post(_FREE, 0, [handle])
+                self.post(_FREE, 0, [handle, nbytes])  # in order with the calls around it
 
     async def _call(
         self, spec: CallSpec, args: list[Any], buffer: memoryview | None = None
