@@ -152,3 +152,26 @@ def test_info_and_connection_errors(cli: Cli) -> None:
         assert proc.returncode == 0 and json.loads(proc.stdout)["backend"] == "numpy"
     proc = cli("info", "--url", "tcp://127.0.0.1:1")
     assert proc.returncode == 1 and "cannot connect" in proc.stderr
+
+
+@pytest.mark.parametrize("transport", ["tcp", "inproc"])
+def test_bench_ops_json(cli_json: Callable[..., Any], transport: str) -> None:
+    out = cli_json(
+        "bench", "ops", "--transport", transport, "--backend", "numpy",
+        "--iterations", "40", "--rounds", "2", "--chain", "200", "--steps", "2",
+        "--warmup", "5",
+    )  # fmt: skip
+    assert out["bench"] == "ops" and out["transport"] == transport
+    keys = {"name", "wall_p50_us", "wall_p99_us", "client_cpu_us", "proxy_cpu_us"}
+    assert keys <= set(out["echo"]) and out["echo"]["wall_p50_us"] > 0
+    cases = {c["name"]: c for c in out["cases"]}
+    assert set(cases) == {
+        "sync_op", "xp_sync_op", "async_chain", "xp_async_chain", "transformer_step"
+    }  # fmt: skip
+    for c in cases.values():
+        assert keys | {"ratio_wall_p50", "ratio_cpu"} <= set(c)
+        assert c["wall_p50_us"] > 0 and c["client_cpu_us"] > 0 and c["ratio_wall_p50"] > 0
+        # the proxy's CPU comes from the proxy process; in process it is the client's
+        assert (c["proxy_cpu_us"] is None) == (transport == "inproc")
+    assert cases["async_chain"]["ops"] == 2 * 200 and cases["async_chain"]["ops_per_s"] > 0
+    assert cases["transformer_step"]["slowdown"] > 0

@@ -17,10 +17,12 @@ from gpuremote.protocol import (
     DTYPES,
     REQUEST,
     ArrayDesc,
+    BadCommand,
     BadCommandAt,
     Command,
     ErrorInfo,
     Reply,
+    check_array,
     decode_replies,
     decode_request,
     encode_fatal,
@@ -230,3 +232,12 @@ def test_fatal_message_is_not_a_reply() -> None:
 def test_array_desc_nbytes() -> None:
     d = ArrayDesc(1, 0, (3, 4), np.dtype("float64"))
     assert d.nbytes == 96
+
+
+def test_array_descriptors_are_checked_with_exact_types_every_time() -> None:
+    """A descriptor that equals (and hashes like) a valid one must not pass for it."""
+    ok = check_array([1, 0, [4], "float32"], "x", FrameLimits())
+    assert ok.shape == (4,) and ok.handle == 1
+    for bad in ([1.0, 0, [4], "float32"], [1, False, [4], "float32"], [1, 0, [4.0], "float32"]):
+        with pytest.raises(BadCommand):
+            check_array(bad, "x", FrameLimits())

@@ -17,7 +17,6 @@ import concurrent.futures
 import contextlib
 import math
 import threading
-import time
 import weakref
 from collections import deque
 from collections.abc import Coroutine, Sequence
@@ -45,6 +44,7 @@ _ALLOC, _FREE, _LAUNCH, _LAUNCH_NEW = _C["alloc"], _C["free"], _C["launch"], _C[
 _COPY_H2D, _COPY_D2H, _DYNAMIC = _C["copy_h2d"], _C["copy_d2h"], _C["launch_dynamic"]
 
 _OPEN: weakref.WeakSet[Device] = weakref.WeakSet()
+_IDLE_S = 0.05  # how long the helper polls after the last post before it sleeps
 
 
 def _raise_local(exc: OpError) -> None:
@@ -78,6 +78,7 @@ class Device:
         self._jobs: deque[tuple[Coroutine[Any, Any, Any], concurrent.futures.Future[Any]]] = deque()
         self._wake = threading.Event()  # something is posted, or a job waits
         self._nudge_s = nudge_us / 1e6
+        self._polling = False  # the helper looks at the posts every nudge_s
         self._error: BaseException | None = None
         self.closed = False
         self._proxy: Any = None
@@ -127,26 +128,37 @@ class Device:
 
     def _help(self) -> None:
         """The helper thread: sends what was posted and not sent within ``nudge_s``, runs the
-        jobs of threads that cannot drive the loop."""
+        jobs of threads that cannot drive the loop. While posts keep coming it polls every
+        ``nudge_s`` (posting then signals nothing); after ``_IDLE_S`` without any it sleeps
+        until the next post."""
         wake, posted, jobs = self._wake, self._posted, self._jobs
-        while True:
+        while not self.closed:
             wake.wait()
-            if not jobs:
-                time.sleep(self._nudge_s)  # a waiting call may take the batch meanwhile
-            wake.clear()
-            if self.closed and not jobs:
-                return
-            while jobs:
-                coro, job = jobs.popleft()
-                with self._owner:
-                    try:
-                        job.set_result(self._drive(coro))
-                    except BaseException as exc:
-                        job.set_exception(exc)
-            if posted and not self.closed:
-                with self._owner:
-                    if not self._loop.is_closed():
-                        self._drive(self._send_posted())
+            self._polling = True
+            quiet = 0.0
+            while quiet < _IDLE_S or posted or jobs:
+                wake.wait(self._nudge_s)  # a job wakes it at once; a waiting call may
+                wake.clear()  # take the posts meanwhile
+                while jobs:
+                    coro, job = jobs.popleft()
+                    with self._owner:
+                        try:
+                            job.set_result(self._drive(coro))
+                        except BaseException as exc:
+                            job.set_exception(exc)
+                if self.closed:
+                    return
+                if posted:
+                    quiet = 0.0
+                    with self._owner:
+                        if not self._loop.is_closed():
+                            self._drive(self._send_posted())
+                else:
+                    quiet += self._nudge_s
+                if quiet >= _IDLE_S:
+                    self._polling = False  # posts signal again from here on; then look once
+                    # more, for one that came before they did
+            self._polling = False
 
     async def _send_posted(self) -> None:
         self._drain()
@@ -161,7 +173,7 @@ class Device:
             raise ConnectionClosed(f"the device {self.url} is closed")
         posted = self._posted
         posted.append((spec, stream, args, buffer))
-        if len(posted) == 1:  # the first since the last send: the helper sends it if no one
+        if not self._polling:  # the helper sleeps: it will send this if no call does
             self._wake.set()
 
     def _drain(self) -> None:
