@@ -41,6 +41,7 @@ __all__ = ["CASES", "OpsConfig", "run_ops"]
 
 CASES = ("sync_op", "xp_sync_op", "async_chain", "xp_async_chain", "transformer_step")
 _ECHO = b"gpuremote-echo16"  # 16 bytes
+_XP_QUIET_S = 0.1  # longer than gpuremote.xp's helper polls after the last post
 
 
 @dataclass
@@ -211,11 +212,15 @@ async def _measure(
     figures = {name: _Figures() for name in paths}
     for fn, per, _ in paths.values():  # warm-up, not counted
         await _timed(fn, max(1, cfg.warmup // per) if per == 1 else 1)
+    previous_xp = False
     for r in range(cfg.rounds):
         for name, (fn, per, reps) in paths.items():
             fig = figures[name]
             p0 = await clock.read() if name != "transformer_local" else None
             c0 = time.process_time()
+            if previous_xp:  # let xp's helper go quiet: its polling is not the next path's
+                await asyncio.sleep(_XP_QUIET_S)
+            previous_xp = name.startswith("xp_")
             for dt in await _timed(fn, reps):
                 if per == 1:
                     fig.wall_ns.append(dt)
