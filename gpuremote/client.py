@@ -64,6 +64,9 @@ def _dtype_name(dt: np.dtype[Any]) -> str:
     return _NAMES.get(dt) or _NAMES[_dtype(dt)]
 
 
+_CHECKED: set[Any] = set()  # launches whose output metadata was checked already
+
+
 def _host_bytes(host: np.ndarray[Any, Any]) -> memoryview:
     return byte_view(host)
 
@@ -416,12 +419,24 @@ class GPU:
         **params: Any,
     ) -> None:
         """Run op ``op`` writing into existing ``outputs`` (the raw GPU-API form)."""
-        metas = arraycore.infer(op, [a._meta for a in inputs], params)
-        if len(metas) != len(outputs):
-            raise ValueError(f"{op} writes {len(metas)} outputs, {len(outputs)} given")
-        for (shape, dt), o in zip(metas, outputs, strict=True):
-            if (shape, dt) != o._meta:
-                raise ValueError(f"{op} writes {shape}/{dt}, the output is {o.shape}/{o.dtype}")
+        try:  # launches checked already: the same op, metadata and params again
+            key: Any = (op, *[a._meta for a in inputs], None, *[o._meta for o in outputs])
+            key += tuple(params.items())
+            checked = key in _CHECKED
+        except TypeError:  # a list-valued param: not hashable, check every time
+            key, checked = None, False
+        if not checked:
+            metas = arraycore.infer(op, [a._meta for a in inputs], params)
+            if len(metas) != len(outputs):
+                raise ValueError(f"{op} writes {len(metas)} outputs, {len(outputs)} given")
+            for (shape, dt), o in zip(metas, outputs, strict=True):
+                if (shape, dt) != o._meta:
+                    raise ValueError(f"{op} writes {shape}/{dt}, the output is {o.shape}/{o.dtype}")
+            if key is not None:
+                if len(_CHECKED) >= 1 << 15:
+                    _CHECKED.clear()
+                _CHECKED.add(key)
+        for o in outputs:
             o._buf.host = None
         self._session.submit(
             _LAUNCH,
