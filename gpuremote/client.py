@@ -192,7 +192,7 @@ class RemoteArray(ArrayMetadata):
         self.dtype = dtype
         self.offset = offset
         self._meta = (shape, dtype)
-        self._wire = [buf.handle, offset, list(shape), _NAMES.get(dtype) or _dtype_name(dtype)]
+        self._wire = [buf.handle, offset, list(shape), _dtype_name(dtype)]
 
     # -- metadata (LOCAL) ------------------------------------------------------------------
     @property
