@@ -34,7 +34,7 @@ from .target import TargetOptions, open_target
 __all__ = ["FuzzConfig", "run_fuzz"]
 
 _WIRE = [c for c in CALLS if c.klass is not CallClass.LOCAL]
-_NAMES = ["add", "matmul", "exp", "fill", "transpose", "softmax", "sum", "os.system", ""]
+_NAMES = ["add", "matmul", "exp", "full", "permute_dims", "softmax", "sum", "os.system", ""]
 _DTYPES = ["float32", "int8", "bool", "complex128", "object", "|V8", 3]
 
 

@@ -382,7 +382,7 @@ class GPU:
         self, shape: int | Sequence[int], value: Scalar, dtype: Any = "float32"
     ) -> RemoteArray:
         dims = [shape] if isinstance(shape, int) else list(shape)
-        return self.op("fill", value=value, shape=dims, dtype=_dtype(dtype).name)
+        return self.op("full", value=value, shape=dims, dtype=_dtype(dtype).name)
 
     def asarray(self, host: Any, dtype: Any = None, stream: Stream | None = None) -> RemoteArray:
         """A remote copy of host data (ASYNC alloc + upload; the data is copied at once, and
@@ -391,7 +391,7 @@ class GPU:
             return (
                 host
                 if dtype is None or np.dtype(dtype) == host.dtype
-                else self.op("copy", host, dtype=np.dtype(dtype).name)
+                else self.op("astype", host, dtype=np.dtype(dtype).name)
             )
         snap = self._snapshot(host, None, None if dtype is None else _dtype(dtype))
         out = RemoteArray(self, self._new_buffer(snap.nbytes), snap.shape, snap.dtype)
@@ -543,7 +543,8 @@ class GPU:
     def transpose(
         self, x: RemoteArray, axes: Sequence[int] | None = None, **kw: Any
     ) -> RemoteArray:
-        return self.op("transpose", x, axes=None if axes is None else list(axes), **kw)
+        order = list(range(x.ndim))[::-1] if axes is None else list(axes)
+        return self.op("permute_dims", x, axes=order, **kw)
 
     def reshape(self, x: RemoteArray, shape: Sequence[int]) -> RemoteArray:
         return x.reshape(tuple(shape))

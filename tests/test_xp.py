@@ -18,9 +18,11 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import gpuremote.xp as xp
-from gpuremote.apiops import _BINARY, _UNARY, CATEGORIES
 from gpuremote.calls import CALLS_BY_NAME
 from gpuremote.errors import RemoteCallError
+from gpuremote.ops import CATEGORIES
+from gpuremote.ops.elementwise import BINARY as _BINARY
+from gpuremote.ops.elementwise import UNARY as _UNARY
 from gpuremote.protocol import DTYPES
 from gpuremote.xp import Device
 
@@ -546,7 +548,7 @@ def test_setitem(dev: Device) -> None:
     "name", ["sum", "prod", "max", "min", "mean", "std", "var", "all", "any", "count_nonzero"]
 )
 def test_reductions(dev: Device, name: str) -> None:
-    from gpuremote.apiops import _REDUCTIONS
+    from gpuremote.ops.statistical import REDUCTIONS as _REDUCTIONS
 
     category = _REDUCTIONS[name][0]
 
@@ -690,7 +692,7 @@ def test_linalg_extension(dev: Device, n: int, dt: str) -> None:
 # -- fft ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["fft", "ifft", "rfft", "irfft", "hfft", "ihfft"])
 def test_fft_one_axis(dev: Device, name: str) -> None:
-    from gpuremote.apiops import _FFT
+    from gpuremote.ops.fft import FFT as _FFT
 
     category = _FFT[name][0]
 
@@ -711,7 +713,7 @@ def test_fft_one_axis(dev: Device, name: str) -> None:
 
 @pytest.mark.parametrize("name", ["fftn", "ifftn", "rfftn", "irfftn"])
 def test_fft_n_axes(dev: Device, name: str) -> None:
-    from gpuremote.apiops import _FFT
+    from gpuremote.ops.fft import FFT as _FFT
 
     category = _FFT[name][0]
 

@@ -25,14 +25,13 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .. import arraycore
-from ..apiops import PREFIX, OpTypeError
 from ..arraycore import Buffer
 from ..calls import CALLS_BY_NAME, CallSpec
 from ..client import GPU
 from ..client import connect as _connect
 from ..errors import ConnectionClosed
 from ..framing import byte_view
-from ..ops import OpError
+from ..ops import OpError, OpTypeError
 from ..protocol import DTYPES
 from ..session import BUFFER
 
@@ -240,7 +239,7 @@ class Device:
     def meta(self, name: str, arrays: Sequence[Array], params: dict[str, Any]) -> list[Any]:
         """Output shapes and dtypes of op ``xp.name`` (raising the standard's errors)."""
         try:
-            return arraycore.infer(PREFIX + name, [(a.shape, a.dtype) for a in arrays], params)
+            return arraycore.infer(name, [(a.shape, a.dtype) for a in arrays], params)
         except OpError as exc:
             _raise_local(exc)
             raise  # unreachable
@@ -272,9 +271,7 @@ class Device:
         else:  # the outputs' buffers are allocated by the launch itself
             outs = [self._new(shape, dt) for shape, dt in metas]
             call = _LAUNCH_NEW
-        self.post(
-            call, 0, [PREFIX + name, [a._wire for a in arrays], [o._wire for o in outs], params]
-        )
+        self.post(call, 0, [name, [a._wire for a in arrays], [o._wire for o in outs], params])
         return outs
 
     def launch_dynamic(
@@ -283,7 +280,7 @@ class Device:
         """Run op ``xp.name``, whose output shapes depend on the data (SYNC)."""
         self.meta(name, arrays, params)
         handles = [self.session.new_handle() for _ in range(n_out)]
-        value, _ = self.call(_DYNAMIC, [PREFIX + name, [a._wire for a in arrays], handles, params])
+        value, _ = self.call(_DYNAMIC, [name, [a._wire for a in arrays], handles, params])
         outs = []
         for h, (shape, dtype) in zip(handles, value, strict=True):
             dt = DTYPES[dtype]

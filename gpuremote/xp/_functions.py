@@ -15,7 +15,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..apiops import _BINARY, _UNARY, promote, scalar_dtype
+from ..ops import promote, scalar_dtype
+from ..ops.elementwise import BINARY as _BINARY
+from ..ops.elementwise import UNARY as _UNARY
 from ..protocol import DTYPES
 from ._array import Array
 from ._device import Device, default_device
