@@ -196,6 +196,13 @@ class Session:
         self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None = None
     ) -> Result:
         """Send a SYNC call (after everything queued) and wait for its reply."""
+        return await self.wait(self.start_call(spec, stream, args, buffer), spec.name)
+
+    def start_call(
+        self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None = None
+    ) -> asyncio.Future[Result]:
+        """Send a SYNC call (after everything queued); returns the future of its reply, which
+        ``wait`` waits for (on the session's loop)."""
         self.check_open()
         self.counters.calls["sync"] += 1
         if self._to_free:
@@ -209,9 +216,15 @@ class Session:
             self.counters.round_trips += 1
         else:
             self._send_serial()
-        return await self._wait(fut, spec.name)
+        return fut
 
-    async def _wait(self, fut: asyncio.Future[Result], what: str) -> Result:
+    def plain_wait(self) -> bool:
+        """Whether ``wait`` only awaits the future (no spinning, no timeout): then a caller
+        driving the loop may wait for the future itself."""
+        return not self.config.spin_us and self.config.call_timeout_s is None
+
+    async def wait(self, fut: asyncio.Future[Result], what: str) -> Result:
+        """The reply of a started call (``what`` names it in a timeout's error)."""
         if self.config.spin_us:
             spin_until_done(fut, self.config.spin_us / 1e6)
         timeout = self.config.call_timeout_s
@@ -242,7 +255,7 @@ class Session:
             self.counters.round_trips += 1
         else:
             self._send_serial()
-        await self._wait(fut, spec.name)
+        await self.wait(fut, spec.name)
 
     async def flush(self, wait: bool = False) -> None:
         """Send everything queued; with ``wait``, also wait for it to run and raise any
@@ -271,6 +284,13 @@ class Session:
         else:
             with contextlib.suppress(RuntimeError):  # the loop is closed
                 self._loop.call_soon_threadsafe(self._flush_callback)
+
+    def defer_free(self, handle: int, nbytes: int = 0) -> None:
+        """``release`` for a caller about to send (a call or a flush follows at once): the
+        handle joins the next frame's frees and nothing is scheduled."""
+        if not self.closed:
+            self._to_free.append(handle)
+            self._free_bytes += nbytes
 
     def _queue_frees(self) -> None:
         frees, self._to_free, self._free_bytes = self._to_free, [], 0

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from ..protocol import DTYPES
+
 __all__ = [
     "CATEGORIES",
     "Meta",
@@ -186,8 +188,6 @@ def axis_arg(params: Params, key: str = "axis") -> Any:
 
 def dtype_param(params: Params, key: str = "dtype") -> np.dtype[Any] | None:
     """The dtype named by param ``key`` (None if absent); ``OpError`` for an unknown name."""
-    from ..protocol import DTYPES
-
     name = params.get(key)
     if name is None:
         return None

@@ -22,8 +22,10 @@ from ._base import (
     Shape,
     check,
     dtype_param,
+    namespace,
     norm_axes,
     one_axis,
+    write,
 )
 
 __all__ = ["OPS", "REDUCTIONS", "reduced_shape", "sum_dtype"]
@@ -66,6 +68,11 @@ REDUCTIONS: dict[str, tuple[str, str]] = {
 }
 
 
+#: reductions that NumPy and CuPy compute with the standard's meaning straight into an output
+#: of the result's dtype (no temporary, no copy)
+_DIRECT = frozenset({"sum", "prod", "max", "min", "mean"})
+
+
 def _make_reduction(name: str, category: str, result: str) -> None:
     def meta(ins: Sequence[Meta], params: Params) -> list[Meta]:
         ((shape, dt),) = ins
@@ -97,7 +104,25 @@ def _make_reduction(name: str, category: str, result: str) -> None:
             kw["correction"] = params["correction"]
         return getattr(ns, name)(ins[0], **kw)
 
-    OPS.add(name, (1, 1), meta, call, ("axis", "keepdims", "dtype", "correction"))
+    run = None
+    if name in _DIRECT:
+
+        def run(xp: Any, ins: Sequence[Any], outs: Sequence[Any], params: Params) -> None:
+            x, out = ins[0], outs[0]
+            if name in ("max", "min", "mean") and x.dtype != out.dtype:
+                write(outs, call(namespace(xp), ins, params))
+                return
+            axis = params.get("axis")
+            kw: dict[str, Any] = {
+                "axis": tuple(axis) if type(axis) is list else axis,
+                "keepdims": bool(params.get("keepdims", False)),
+                "out": out,
+            }
+            if result == "sum":
+                kw["dtype"] = out.dtype
+            getattr(xp, name)(x, **kw)
+
+    OPS.add(name, (1, 1), meta, call, ("axis", "keepdims", "dtype", "correction"), run=run)
 
 
 for _name, (_cat, _res) in REDUCTIONS.items():

@@ -17,6 +17,7 @@ import concurrent.futures
 import contextlib
 import math
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Coroutine, Sequence
@@ -78,6 +79,7 @@ class Device:
         self._wake = threading.Event()  # something is posted, or a job waits
         self._nudge_s = nudge_us / 1e6
         self._polling = False  # the helper looks at the posts every nudge_s
+        self._first_post = 0.0  # when the oldest post not yet sent was made
         self._error: BaseException | None = None
         self.closed = False
         self._proxy: Any = None
@@ -149,6 +151,8 @@ class Device:
                     return
                 if posted:
                     quiet = 0.0
+                    if time.perf_counter() - self._first_post < self._nudge_s:
+                        continue  # posted just now: a waiting call is likely to take it
                     with self._owner:
                         if not self._loop.is_closed():
                             self._drive(self._send_posted())
@@ -171,6 +175,8 @@ class Device:
         if self.closed:
             raise ConnectionClosed(f"the device {self.url} is closed")
         posted = self._posted
+        if not posted:
+            self._first_post = time.perf_counter()
         posted.append((spec, stream, args, buffer))
         if not self._polling:  # the helper sleeps: it will send this if no call does
             self._wake.set()
@@ -178,7 +184,7 @@ class Device:
     def _drain(self) -> None:
         """On the loop: hand everything posted to the session, in order."""
         session = self.session
-        posted, submit, release = self._posted, session.submit, session.release
+        posted, submit, release = self._posted, session.submit, session.defer_free
         while posted:
             item = posted.popleft()
             try:
@@ -210,6 +216,30 @@ class Device:
         """A SYNC call: sends everything posted before it, then waits for its reply."""
         if self.closed:
             raise ConnectionClosed(f"the device {self.url} is closed")
+        if (
+            self._driver is None
+            and self.session.plain_wait()
+            and asyncio._get_running_loop() is None
+            and self._owner.acquire(blocking=False)
+        ):
+            # the common case: this thread drives the loop, and runs it only until the reply
+            # (no task, no coroutine: the loop waits on the call's future itself)
+            try:
+                self._driver = threading.get_ident()
+                # as if on the loop: transports may look it up while the call is sent
+                asyncio.events._set_running_loop(self._loop)
+                try:
+                    self._drain()
+                    if self._error is not None:
+                        error, self._error = self._error, None
+                        raise error
+                    fut = self.session.start_call(spec, 0, args, buffer)
+                finally:
+                    asyncio.events._set_running_loop(None)
+                return self._loop.run_until_complete(fut)
+            finally:
+                self._driver = None
+                self._owner.release()
         return self._run(self._call(spec, args, buffer))
 
     # -- arrays ----------------------------------------------------------------------------
