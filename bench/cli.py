@@ -140,6 +140,13 @@ def add_bench_parser(sub: Any) -> None:
     op.add_argument("--steps", type=int, default=20, help="transformer steps per round")
     op.add_argument("--warmup", type=int, default=300, help="uncounted iterations per case")
     op.add_argument("--cases", default=None, help="comma-separated subset (default: every case)")
+    op.add_argument(
+        "--pin",
+        choices=("none", "same", "split"),
+        default="none",
+        help="CPU placement of the bench and the proxy it starts: one CPU for both, one each, "
+        "or the scheduler's choice (default); the floor depends on it",
+    )
     op.set_defaults(func=_ops)
 
     a = bs.add_parser("api", help="calls per second: synchronous versus pipelined")
@@ -326,6 +333,7 @@ def _ops(args: argparse.Namespace) -> int:
         steps=args.steps,
         warmup=args.warmup,
         cases=tuple(args.cases.split(",")) if args.cases else CASES,
+        pin=args.pin,
     )
     result = _drive(args, ops_view, lambda report: run_ops(cfg, report))
     if args.json:

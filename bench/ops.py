@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from typing import Any
 import numpy as np
 
 import gpuremote
+from gpuremote.errors import ConfigError
 from gpuremote.local import connect_local
 from gpuremote.workloads import transformer_block
 
@@ -37,7 +39,7 @@ from .baseline import ProtocolEchoClient
 from .stats import ratio
 from .target import Target, TargetOptions, open_target
 
-__all__ = ["CASES", "OpsConfig", "run_ops"]
+__all__ = ["CASES", "PINS", "OpsConfig", "run_ops"]
 
 CASES = ("sync_op", "xp_sync_op", "async_chain", "xp_async_chain", "transformer_step")
 _ECHO = b"gpuremote-echo16"  # 16 bytes
@@ -52,6 +54,31 @@ class OpsConfig(TargetOptions):
     steps: int = 20  # transformer steps per round
     warmup: int = 300
     cases: tuple[str, ...] = CASES
+    #: where the two processes run: "none" (the scheduler decides), "same" (one CPU for
+    #: both: a round trip is two context switches) or "split" (a CPU each: a round trip is
+    #: two cross-CPU wake-ups). The floor differs by ~3x between the two on a small VM.
+    pin: str = "none"
+
+
+PINS = ("none", "same", "split")
+
+
+def _pin(how: str, proxy_pid: int | None) -> dict[str, Any]:
+    """Pin this process (and the proxy, when it is a local process of its own) as ``how``
+    says; returns the placement, for the result."""
+    if how not in PINS:
+        raise ConfigError(f"pin must be one of {', '.join(PINS)}, not {how!r}")
+    if how == "none":
+        return {"pin": "none"}
+    if proxy_pid is None or proxy_pid == os.getpid():
+        raise ConfigError("--pin needs the proxy the bench starts, over tcp:// (not --url)")
+    cpus = sorted(os.sched_getaffinity(0))
+    if how == "split" and len(cpus) < 2:
+        raise ConfigError(f"--pin split needs two CPUs; this process may use {cpus}")
+    client, proxy = cpus[0], cpus[1] if how == "split" else cpus[0]
+    os.sched_setaffinity(0, {client})
+    os.sched_setaffinity(proxy_pid, {proxy})
+    return {"pin": how, "client_cpu": client, "proxy_cpu": proxy}
 
 
 @dataclass
@@ -124,6 +151,8 @@ async def run_ops(
         open_target(cfg.url, cfg.transport, cfg.backend) as target,
         gpuremote.connect(target.url) as gpu,
     ):
+        affinity = os.sched_getaffinity(0)
+        placement = _pin(cfg.pin, target.proxy_pid if target.transport != "inproc" else None)
         ports = gpu.device.get("bench_echo")
         echo: ProtocolEchoClient | None = None
         why_not = None
@@ -135,8 +164,11 @@ async def run_ops(
         clock = _ProxyClock(gpu, in_process)
         with _xp_device(target, cfg.backend) as (xp, device):
             try:
-                return await _measure(cfg, gpu, xp, device, echo, clock, target, why_not, report)
+                result = await _measure(cfg, gpu, xp, device, echo, clock, target, why_not, report)
+                result["placement"] = placement
+                return result
             finally:
+                os.sched_setaffinity(0, affinity)
                 if echo is not None:
                     echo.close()
 

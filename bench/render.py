@@ -156,9 +156,11 @@ def ops_view(state: dict[str, Any]) -> RenderableType:
             extra = f"local {_us(c['local_wall_p50_us'])} µs, slowdown {c['slowdown']:.2f}x"
         ratios = f"{_us(c['ratio_wall_p50'], '.2f')}x / {_us(c['ratio_cpu'], '.2f')}x"
         rows.append((c["name"], c, ratios, extra))
+    pin = (state.get("placement") or {}).get("pin", "none")
     table = result_table(
         f"gpuremote bench ops: {state['url']} ({state['transport']}), "
-        f"round {state['rounds']}/{state['of_rounds']}",
+        f"round {state['rounds']}/{state['of_rounds']}"
+        + (f", pinned {pin}" if pin != "none" else ""),
         (
             "case",
             "wall p50 µs",

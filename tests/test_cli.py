@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -175,3 +176,16 @@ def test_bench_ops_json(cli_json: Callable[..., Any], transport: str) -> None:
         assert (c["proxy_cpu_us"] is None) == (transport == "inproc")
     assert cases["async_chain"]["ops"] == 2 * 200 and cases["async_chain"]["ops_per_s"] > 0
     assert cases["transformer_step"]["slowdown"] > 0
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to split")
+def test_bench_ops_pins_the_two_processes(cli_json: Callable[..., Any], cli: Any) -> None:
+    out = cli_json(
+        "bench", "ops", "--backend", "numpy", "--pin", "split", "--cases", "sync_op",
+        "--iterations", "20", "--rounds", "1", "--warmup", "2",
+    )  # fmt: skip
+    placement = out["placement"]
+    assert placement["pin"] == "split" and placement["client_cpu"] != placement["proxy_cpu"]
+    # in process there is no second process to place: a clear error, not a silent run
+    proc = cli("bench", "ops", "--transport", "inproc", "--pin", "same", "--cases", "sync_op")
+    assert proc.returncode != 0 and "--pin needs the proxy the bench starts" in proc.stderr
