@@ -19,12 +19,15 @@ import struct
 import threading
 from typing import Any
 
+from gpuremote.transports import Address
+
 __all__ = [
     "AsyncioClient",
     "Baselines",
     "BlockingClient",
     "EchoServers",
     "ProtocolEchoClient",
+    "echo_service",
 ]
 
 REQ = struct.Struct("<QQ")
@@ -142,6 +145,15 @@ class EchoServers:
         self._lsock.close()
         for server in self._servers:
             server.close()
+
+
+async def echo_service(proxy: Any, url: str) -> EchoServers:
+    """A proxy service (``Proxy(services=[echo_service])``, ``serve --bench-echo``): the echo
+    servers beside the proxy, their ports told to clients as ``bench_echo``."""
+    host = Address.parse(url).host
+    echo = await EchoServers.start(host if host[:1].isdigit() or ":" in host else "127.0.0.1")
+    proxy.info["bench_echo"] = echo.ports
+    return echo
 
 
 class BlockingClient:

@@ -149,6 +149,15 @@ def add_bench_parser(sub: Any) -> None:
     )
     op.set_defaults(func=_ops)
 
+    t = bs.add_parser("tenants", help="a light client's latency beside a heavy one")
+    _common(t)
+    t.set_defaults(backend="numpy")
+    t.add_argument("--seconds", type=float, default=3.0, help="per phase")
+    t.add_argument("--period-ms", type=float, default=10.0, help="between the light ops")
+    t.add_argument("--n", type=int, default=1500, help="the heavy client's matrix size")
+    t.add_argument("--matmuls", type=int, default=4, help="chained matmuls per heavy loop")
+    t.set_defaults(func=_tenants)
+
     a = bs.add_parser("api", help="calls per second: synchronous versus pipelined")
     _common(a)
     a.add_argument("--calls", type=int, default=10_000)
@@ -342,6 +351,25 @@ def _ops(args: argparse.Namespace) -> int:
     console = Console()
     if not console.is_terminal:
         console.print(ops_view(result))
+    return 0
+
+
+def _tenants(args: argparse.Namespace) -> int:
+    from .render import tenants_view
+    from .tenants import TenantsConfig, run_tenants
+
+    cfg = TenantsConfig(
+        **_target(args),
+        seconds=args.seconds,
+        period_ms=args.period_ms,
+        n=args.n,
+        matmuls=args.matmuls,
+    )
+    result = _drive(args, tenants_view, lambda report: run_tenants(cfg, report))
+    if args.json:
+        _print_json(result)
+        return 0
+    Console().print(tenants_view(result))
     return 0
 
 

@@ -185,3 +185,38 @@ def ops_view(state: dict[str, Any]) -> RenderableType:
     )
     note = state.get("baseline_note")
     return Group(table, Text(note, style="yellow")) if note else table
+
+
+def tenants_view(state: dict[str, Any]) -> RenderableType:
+    """``bench tenants``: the light client alone and beside the heavy one."""
+    alone, beside = state.get("light_alone") or {}, state.get("light_beside") or {}
+
+    def ms(row: dict[str, Any], key: str) -> str:
+        v = row.get(key)
+        return "-" if v is None else f"{v:.2f}"
+
+    def rate(key: str) -> str:
+        v = state.get(key)
+        return "-" if v is None else f"{v:.2f}"
+
+    return result_table(
+        f"gpuremote bench tenants: {state['url']} ({state['backend']}), "
+        f"{state.get('phase', 'done')}",
+        ("", "light p50 ms", "light p99 ms", "light max ms", "heavy loops/s"),
+        [
+            (
+                "alone",
+                ms(alone, "p50_ms"),
+                ms(alone, "p99_ms"),
+                ms(alone, "max_ms"),
+                rate("heavy_alone_loops_per_s"),
+            ),
+            (
+                "together",
+                ms(beside, "p50_ms"),
+                ms(beside, "p99_ms"),
+                ms(beside, "max_ms"),
+                rate("heavy_beside_loops_per_s"),
+            ),
+        ],
+    )

@@ -13,6 +13,8 @@ from gpuremote.config import load_config_file
 from gpuremote.localproxy import LocalProxy
 from gpuremote.proxy import Proxy
 
+from .baseline import echo_service
+
 __all__ = ["Target", "TargetOptions", "open_target"]
 
 
@@ -49,7 +51,7 @@ async def open_target(
         yield Target(url, Address.parse(url).scheme, None)
         return
     if transport == "inproc":
-        proxy = Proxy(backend, bench_echo=True)
+        proxy = Proxy(backend, services=[echo_service])
         bound = await proxy.start("inproc://bench")
         try:
             yield Target(bound, "inproc", os.getpid())

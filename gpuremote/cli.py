@@ -21,8 +21,14 @@ def _serve(args: argparse.Namespace) -> int:
     from .executor import SessionLimits
     from .framing import FrameLimits
     from .localproxy import READY
-    from .proxy import Proxy, serve
+    from .proxy import Proxy, Service, serve
     from .transports import Address
+
+    services: list[Service] = []
+    if args.bench_echo:  # the bench's baseline servers, beside the proxy, when asked for
+        from .bench.baseline import echo_service
+
+        services.append(echo_service)
 
     logging.basicConfig(
         level=logging.WARNING if args.quiet else logging.INFO,
@@ -79,7 +85,8 @@ def _serve(args: argparse.Namespace) -> int:
                 args.backend,
                 ready=ready,
                 session_limits=limits,
-                bench_echo=args.bench_echo,
+                services=services,
+                inline_us=args.inline_us,
                 admin_token=args.admin_token or os.environ.get("GPUREMOTE_ADMIN_TOKEN"),
                 metrics=metrics,
                 secret=secret,
@@ -255,7 +262,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="address to listen on (repeatable; default tcp://127.0.0.1:5151)",
     )
-    s.add_argument("--backend", choices=["auto", "cupy", "numpy"], default="auto")
+    s.add_argument(
+        "--backend",
+        default="auto",
+        help="auto, cupy, numpy, or sim (a simulated device; sim:op_us=50 for 50 µs per op)",
+    )
+    s.add_argument(
+        "--inline-us",
+        type=float,
+        default=500.0,
+        help="a batch estimated to take less runs on the event loop when its session has "
+        "nothing in flight; everything else runs on a worker thread (default 500)",
+    )
     s.add_argument(
         "--max-device-bytes", type=int, default=None, help="per-session device memory limit"
     )

@@ -31,13 +31,14 @@ from . import arraycore
 from .arraycore import Buffer
 from .auth import load_secret, proof
 from .calls import CALLS_BY_NAME
-from .config import PipelineConfig, pipeline_config, resolve_url
+from .config import PipelineConfig, pipeline_config, resolve_url, transport_settings
 from .errors import AuthenticationError, LocalProtocolError, RemoteProtocolError
 from .executor import PROTOCOL_VERSION
 from .framing import FrameLimits, byte_view
 from .ops import OPS
 from .protocol import DTYPES, decode_greeting
 from .session import BUFFER, Session
+from .transports import Address
 from .transports import connect as transport_connect
 
 __all__ = ["GPU", "DeviceBuffer", "Event", "Kernel", "RemoteArray", "Stream", "connect"]
@@ -666,7 +667,8 @@ class _Connector:
         secret = load_secret(options.pop("secret", None))
         timeout = options.pop("connect_timeout", 10.0)
         cfg = self._pipeline or pipeline_config(options)
-        conn = await transport_connect(url, self._limits)
+        settings = transport_settings(Address.parse(url).scheme)
+        conn = await transport_connect(url, self._limits, settings)
         try:
             greeting = decode_greeting(await asyncio.wait_for(conn.recv(), timeout))
         except BaseException:

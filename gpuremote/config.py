@@ -105,6 +105,17 @@ def resolve_url(url: str | None = None, *, config: dict[str, Any] | None = None)
     return DEFAULT_URL
 
 
+def transport_settings(scheme: str, *, config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The config file's defaults for transport ``scheme`` (``[tls]`` for ``tls://``), which
+    the client and the proxy pass to the transport."""
+    cfg = load_config_file() if config is None else config
+    base = scheme.removeprefix("emu+")
+    table = cfg.get(base, {}) if base in ("tls", "ucx") else {}
+    if not isinstance(table, dict):
+        raise ConfigError(f"[{base}] in {cfg.get('_path', 'config')} must be a table")
+    return dict(table)
+
+
 def pipeline_config(
     overrides: dict[str, Any] | None = None, *, config: dict[str, Any] | None = None
 ) -> PipelineConfig:

@@ -1,14 +1,17 @@
 """The proxy: accepts connections on any transport and gives each its own session.
 
-Each connection gets an ``Executor`` (its own handle table and streams). Frames are decoded
-and run in the order they arrive; replies go back as one frame per batch. A frame that breaks
-the protocol closes that one connection (after a ``FATAL`` message saying why); the other
-sessions carry on. Everything a session holds is freed when its connection ends.
+Each connection gets a ``ProxySession`` with its own ``Executor`` (handle tables, streams).
+Frames are decoded as they arrive and run in order, inline when cheap and otherwise on a
+worker thread, so that one session's device work never holds up the others; replies go back
+as one frame per batch. A frame that breaks the protocol closes that one connection (after a
+``FATAL`` message saying why); the other sessions carry on. Everything a session holds is
+freed when its connection ends, once its device work in flight has finished.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import gc
 import hmac
@@ -16,25 +19,17 @@ import itertools
 import logging
 import signal
 import time
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from .auth import new_nonce, verify
 from .backends import Backend, get_backend
-from .errors import ConnectionClosed, GpuRemoteError, ProtocolError
-from .executor import PROTOCOL_VERSION, Executor, SessionLimits
-from .framing import Frame, FrameLimits
-from .monitor import SessionFigures, totals
-from .protocol import (
-    Command,
-    decode_message,
-    decode_request,
-    encode_fatal,
-    encode_greeting,
-    encode_notice,
-    encode_replies,
-    request_local_calls,
-)
+from .config import transport_settings
+from .errors import GpuRemoteError
+from .executor import Executor, SessionLimits
+from .framing import FrameLimits
+from .monitor import totals
+from .protocol import encode_notice
+from .proxysession import ProxySession
 from .transports import Address, Connection, Listener, listen
 
 __all__ = ["Proxy", "serve"]
@@ -42,17 +37,17 @@ __all__ = ["Proxy", "serve"]
 log = logging.getLogger("gpuremote.proxy")
 
 
-@dataclass
-class _Client:
-    conn: Connection
-    executor: Executor
-    figures: SessionFigures
-    task: asyncio.Task[Any] | None = None
-    drainer: asyncio.Task[None] | None = None
+#: a service started beside the proxy when it first listens (``serve --bench-echo`` adds
+#: the bench's echo servers): called with the proxy and its first bound URL, it returns what
+#: ``Proxy.close`` closes
+Service = Callable[["Proxy", str], Awaitable[Any]]
 
 
 class Proxy:
-    """Serves clients on ``backend``; ``await start(url)`` for each address to listen on."""
+    """Serves clients on ``backend``; ``await start(url)`` for each address to listen on.
+
+    Each session's batches run on its ``DeviceQueue``: inline when cheap, else on one of
+    ``workers`` threads, so that no session's device work holds up the event loop."""
 
     def __init__(
         self,
@@ -60,9 +55,11 @@ class Proxy:
         *,
         limits: FrameLimits = FrameLimits(),
         session_limits: SessionLimits = SessionLimits(),
-        bench_echo: bool = False,
+        services: Sequence[Service] = (),
         admin_token: str | None = None,
         secret: bytes | None = None,
+        workers: int = 16,
+        inline_us: float = 500.0,
     ) -> None:
         self.backend = get_backend(backend) if isinstance(backend, str) else backend
         self.admin_token = admin_token or None
@@ -71,119 +68,47 @@ class Proxy:
         self.metrics_url: str | None = None
         self.limits = limits
         self.session_limits = session_limits
+        self.inline_us = inline_us
         self.listeners: list[Listener] = []
-        self.clients: dict[int, _Client] = {}
+        self.clients: dict[int, ProxySession] = {}
         self._ids = itertools.count(1)
         self.sessions_served = 0
-        self._bench_echo = bench_echo
-        self._echo: Any = None
+        self._services = list(services)
+        self._running: list[Any] = []  # the services started
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix="gpuremote-device"
+        )
         self.info: dict[str, Any] = {}  # extra device info sent to clients at hello
 
     async def start(self, url: str) -> str:
         """Listen at ``url``; returns the URL clients connect to (the real port if it was 0)."""
-        listener = await listen(url, self._serve_connection, self.limits)
+        settings = transport_settings(Address.parse(url).scheme)
+        listener = await listen(url, self._serve_connection, self.limits, settings)
         self.listeners.append(listener)
-        if self._bench_echo and self._echo is None:
-            from .bench.baseline import EchoServers
-
-            host = Address.parse(listener.url).host
-            self._echo = await EchoServers.start(
-                host if host[:1].isdigit() or ":" in host else "127.0.0.1"
-            )
-            self.info["bench_echo"] = self._echo.ports
+        services, self._services = self._services, []
+        for service in services:
+            self._running.append(await service(self, listener.url))
         return listener.url
 
     async def _serve_connection(self, conn: Connection) -> None:
         sid = next(self._ids)
         executor = Executor(self.backend, self.session_limits, sid, self.info, self._admin)
-        figures = SessionFigures(sid, conn.peer)
-        client = _Client(conn, executor, figures, asyncio.current_task())
-        self.clients[sid] = client
+        session = ProxySession(
+            conn,
+            executor,
+            self._pool,
+            limits=self.limits,
+            secret=self.secret,
+            inline_us=self.inline_us,
+        )
+        self.clients[sid] = session
         self.sessions_served += 1
         log.info("session %d: client %s connected", sid, conn.peer)
-        loop = asyncio.get_running_loop()
-        ended: asyncio.Future[str] = loop.create_future()
-        nonce = new_nonce()
-        authenticated = self.secret is None
-
-        def end(reason: str) -> None:
-            if not ended.done():
-                ended.set_result(reason)
-            conn.close()
-
-        async def wait_drained() -> None:
-            try:
-                await conn.drain()
-            except GpuRemoteError:
-                return
-            conn.resume_reading()
-
-        def refuse(why: str) -> None:
-            with contextlib.suppress(GpuRemoteError):
-                conn.send(encode_fatal(why))
-            conn.pause_reading()
-            loop.call_later(0.5, end, why)  # let the FATAL out first
-
-        def on_frame(frame: Frame) -> None:
-            # runs in the transport's read callback: no task hop on the hot path
-            nonlocal authenticated
-            t0 = time.perf_counter_ns()
-            figures.frames_in += 1
-            figures.bytes_in += frame.nbytes
-            try:
-                msg = decode_message(frame)
-                commands = decode_request(frame, self.limits, msg)
-            except ProtocolError as exc:
-                refuse(f"protocol error: {exc}")
-                return
-            if not authenticated:  # nothing runs before the proof is checked
-                first = commands[0] if commands else None
-                if (
-                    type(first) is not Command
-                    or first.spec.name != "hello"
-                    or self.secret is None
-                    or not verify(self.secret, nonce, first.args[1])
-                ):
-                    log.warning("session %d: %s failed authentication", sid, conn.peer)
-                    refuse("authentication failed")
-                    return
-                authenticated = True
-            local = request_local_calls(msg)
-            if local is not None:
-                figures.local_calls = local
-            replies, buffers = executor.execute(commands, frame.buffers)
-            if replies:
-                reply = encode_replies(replies, buffers)
-                conn.send(reply)
-                figures.frames_out += 1
-                figures.bytes_out += reply.nbytes
-                figures.sync_latency(time.perf_counter_ns() - t0)
-                if conn.pending_bytes:
-                    # reply buffers may be device memory, and the client is slow to read:
-                    # take no more commands until they are out (backpressure)
-                    conn.pause_reading()
-                    client.drainer = loop.create_task(wait_drained())
-
-        def on_lost(exc: BaseException) -> None:
-            if isinstance(exc, ConnectionClosed):
-                end("client closed the connection")
-            elif isinstance(exc, ProtocolError):
-                end(f"protocol error: {exc}")
-            else:
-                log.error("session %d: internal error", sid, exc_info=exc)
-                with contextlib.suppress(GpuRemoteError):
-                    conn.send(encode_fatal(f"internal error: {type(exc).__name__}"))
-                end(f"internal error: {type(exc).__name__}: {exc}")
-
         reason = "proxy shutting down"
         try:
-            conn.send(encode_greeting(PROTOCOL_VERSION, self.secret is not None, nonce))
-            conn.set_receiver(on_frame, on_lost)
-            reason = await ended
+            reason = await session.run()
         finally:
             stats = executor.stats()
-            executor.close()
-            conn.close()
             self.clients.pop(sid, None)
             if not self.clients:
                 _release_free_memory()  # idle: hand freed heap back to the OS
@@ -193,13 +118,13 @@ class Proxy:
                 sid,
                 conn.peer,
                 reason,
-                figures.local_calls,
+                session.figures.local_calls,
                 stats["calls"]["sync"],
                 stats["calls"]["async"],
                 stats["failed"],
-                figures.frames_in,
-                figures.bytes_in,
-                figures.bytes_out,
+                session.figures.frames_in,
+                session.figures.bytes_in,
+                session.figures.bytes_out,
                 stats["buffers"],
                 stats["device_bytes"],
             )
@@ -237,7 +162,7 @@ class Proxy:
                     "bytes_out": fig.bytes_out,
                     "device_bytes": ex.device_bytes,
                     "buffers": len(ex.buffers),
-                    "queued_calls": 0,  # commands run as their frame arrives
+                    "queued_calls": c.queue.in_flight,  # batches waiting for the device
                     "pending_bytes_out": c.conn.pending_bytes,
                     "sync_latency_us": fig.latency_us(),
                 }
@@ -270,9 +195,10 @@ class Proxy:
         for listener in self.listeners:
             await listener.close()
         self.listeners.clear()
-        if self._echo is not None:
-            await self._echo.close()
-            self._echo = None
+        running, self._running = self._running, []
+        for service in running:
+            with contextlib.suppress(Exception):
+                await service.close()
         clients = list(self.clients.values())
         for client in clients:
             with contextlib.suppress(GpuRemoteError):
@@ -286,6 +212,7 @@ class Proxy:
             client.conn.close()
         if tasks:
             await asyncio.wait(tasks, timeout=5)
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _release_free_memory() -> None:
@@ -321,12 +248,13 @@ async def serve(
     *,
     ready: Any = None,
     session_limits: SessionLimits = SessionLimits(),
-    bench_echo: bool = False,
+    services: Sequence[Service] = (),
     admin_token: str | None = None,
     metrics: tuple[str, int] | None = None,
     secret: bytes | None = None,
     drain_s: float = 2.0,
     limits: FrameLimits = FrameLimits(),
+    inline_us: float = 500.0,
 ) -> None:
     """Run a proxy until SIGINT or SIGTERM. ``ready(proxy, bound_urls)`` is called once
     it listens; ``metrics=(host, port)`` also serves Prometheus metrics there."""
@@ -334,9 +262,10 @@ async def serve(
         backend,
         limits=limits,
         session_limits=session_limits,
-        bench_echo=bench_echo,
+        services=services,
         admin_token=admin_token,
         secret=secret,
+        inline_us=inline_us,
     )
     bound = [await proxy.start(u) for u in urls]
     tune_gc()

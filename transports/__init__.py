@@ -8,6 +8,8 @@ optional library is missing fails with a clear message naming the extra that ins
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
+from typing import Any
 
 from gpuremote.errors import TransportUnavailable
 from gpuremote.framing import FrameLimits
@@ -34,14 +36,18 @@ REGISTRY: dict[str, tuple[str, str, str | None]] = {
 }
 
 
-def get_transport(scheme: str, limits: FrameLimits = FrameLimits()) -> Transport:
+def get_transport(
+    scheme: str, limits: FrameLimits = FrameLimits(), settings: Mapping[str, Any] | None = None
+) -> Transport:
     """The transport for ``scheme``; raises ``TransportUnavailable`` if unknown or not installed.
 
+    ``settings`` are the transport's defaults for what a URL may also say (``tls://``: ``cert``,
+    ``key``, ``ca``): the caller passes them (``gpuremote.config.transport_settings``).
     ``emu+SCHEME`` wraps SCHEME's transport in an emulated link (``transports.emulated``)."""
     if scheme.startswith("emu+"):
         from .emulated import EmulatedTransport
 
-        return EmulatedTransport(limits, get_transport(scheme[4:], limits))
+        return EmulatedTransport(limits, get_transport(scheme[4:], limits, settings))
     entry = REGISTRY.get(scheme)
     if entry is None:
         known = ", ".join(f"{s}://" for s in sorted(REGISTRY))
@@ -54,19 +60,24 @@ def get_transport(scheme: str, limits: FrameLimits = FrameLimits()) -> Transport
         raise TransportUnavailable(
             f"the {scheme}:// transport needs a library that is not installed: {exc}{hint}"
         ) from exc
-    transport: Transport = getattr(mod, cls)(limits)
+    transport: Transport = getattr(mod, cls)(limits, settings)
     return transport
 
 
-async def connect(url: str, limits: FrameLimits = FrameLimits()) -> Connection:
+async def connect(
+    url: str, limits: FrameLimits = FrameLimits(), settings: Mapping[str, Any] | None = None
+) -> Connection:
     """Open a connection to ``url``."""
     address = Address.parse(url)
-    return await get_transport(address.scheme, limits).connect(address)
+    return await get_transport(address.scheme, limits, settings).connect(address)
 
 
 async def listen(
-    url: str, handler: ConnectionHandler, limits: FrameLimits = FrameLimits()
+    url: str,
+    handler: ConnectionHandler,
+    limits: FrameLimits = FrameLimits(),
+    settings: Mapping[str, Any] | None = None,
 ) -> Listener:
     """Listen at ``url``, running ``handler(conn)`` for each connection."""
     address = Address.parse(url)
-    return await get_transport(address.scheme, limits).listen(address, handler)
+    return await get_transport(address.scheme, limits, settings).listen(address, handler)

@@ -12,8 +12,9 @@ from __future__ import annotations
 import abc
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from gpuremote.errors import ConfigError, ConnectionClosed
@@ -165,8 +166,13 @@ class Transport(abc.ABC):
 
     scheme: str
 
-    def __init__(self, limits: FrameLimits = FrameLimits()) -> None:
+    def __init__(
+        self, limits: FrameLimits = FrameLimits(), settings: Mapping[str, Any] | None = None
+    ) -> None:
         self.limits = limits
+        #: defaults for the options a URL may carry (``?key=value`` wins), from the caller:
+        #: a transport reads no configuration of its own
+        self.settings: Mapping[str, Any] = settings or {}
 
     @abc.abstractmethod
     async def connect(self, address: Address) -> Connection: ...

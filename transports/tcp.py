@@ -16,7 +16,6 @@ import socket
 import ssl
 from collections.abc import Callable
 
-from gpuremote.config import load_config_file
 from gpuremote.errors import ConfigError, ConnectionClosed, ProtocolError
 from gpuremote.framing import Frame, FrameDecoder, FrameLimits, encode_frame
 
@@ -326,17 +325,17 @@ class TlsTransport(TcpTransport):
     """``tls://host:port``: the same, inside TLS (the standard library's ``ssl``).
 
     The proxy's certificate and key, and the CA a client trusts, come from the URL
-    (``?cert=...&key=...``, ``?ca=...``) or the config file's ``[tls]`` table
-    (``cert``, ``key``, ``ca``); without a CA the client uses the system's trust store.
+    (``?cert=...&key=...``, ``?ca=...``) or the transport's settings (``cert``, ``key``, ``ca``:
+    the client and the proxy pass the config file's ``[tls]`` table); without a CA the client
+    uses the system's trust store.
     """
 
     scheme = "tls"
 
-    @staticmethod
-    def _setting(address: Address, key: str) -> str | None:
+    def _setting(self, address: Address, key: str) -> str | None:
         if address.options.get(key):
             return address.options[key]
-        value = load_config_file().get("tls", {}).get(key)
+        value = self.settings.get(key)
         return str(value) if value else None
 
     def _client_ssl(self, address: Address) -> ssl.SSLContext | None:

@@ -28,9 +28,14 @@ def cupy_usable() -> tuple[bool, str]:
 
 
 def get_backend(name: str = "auto") -> Backend:
-    """The backend called ``name``: ``numpy``, ``cupy`` or ``auto``."""
+    """The backend called ``name``: ``numpy``, ``cupy``, ``auto`` or ``sim`` (a simulated
+    device, ``sim:op_us=50`` for 50 µs per op)."""
     if name == "numpy":
         return NumpyBackend()
+    if name == "sim" or name.startswith("sim:"):
+        from .sim_backend import parse_sim
+
+        return parse_sim(name)
     if name in ("cupy", "auto"):
         ok, why = cupy_usable()
         if ok:
@@ -40,4 +45,4 @@ def get_backend(name: str = "auto") -> Backend:
         if name == "cupy":
             raise BackendError(f"the cupy backend is not available: {why}")
         return NumpyBackend(fallback_reason=why)
-    raise BackendError(f"unknown backend {name!r}; choose auto, cupy or numpy")
+    raise BackendError(f"unknown backend {name!r}; choose auto, cupy, numpy or sim")

@@ -34,6 +34,9 @@ class Backend(abc.ABC):
 
     name: str
     xp: Any
+    #: launches only queue work on the device (a GPU): calls that wait for it are what take
+    #: time; without it, every call computes at once on the calling thread (NumPy)
+    queues_work: bool = False
 
     @abc.abstractmethod
     def device_info(self) -> DeviceInfo: ...

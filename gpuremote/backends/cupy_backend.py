@@ -17,6 +17,7 @@ class CupyBackend(Backend):
     """Runs commands on the current CUDA device, each on the CuPy stream it names."""
 
     name = "cupy"
+    queues_work = True
     xp = cp
 
     def __init__(self) -> None:

@@ -1,0 +1,185 @@
+"""Where one session's batches run, so that the event loop never waits on the device.
+
+A batch runs inline, in the transport's read callback, only when the session has nothing in
+flight and the batch is cheap: on a backend that computes on the calling thread (NumPy), an
+estimate of its work within ``inline_us``; on a backend that queues work on the device
+(CuPy, ``sim``), no call in it that waits for the device. Every other batch goes to the
+session's queue and runs on a worker thread of the proxy's pool, in order; its replies come
+back to the loop as an event (``call_soon_threadsafe``), so that the loop goes on decoding,
+launching and answering other sessions meanwhile, and one session's replies stay in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import math
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .protocol import ArrayDesc, BadCommandAt, Command, Reply
+
+__all__ = ["DeviceQueue", "estimate_ns"]
+
+Batch = tuple[Sequence[Command | BadCommandAt], Sequence[memoryview]]
+Result = tuple[list[Reply], list[memoryview]]
+
+#: what a command costs on the proxy before any device work (decode, checks, dispatch)
+_PER_COMMAND_NS = 3_000.0
+#: calls that wait for the device's earlier work on a backend that queues it
+_WAITS = frozenset(
+    {"copy_d2h", "stream_synchronize", "device_synchronize", "launch_dynamic", "kernel_create"}
+)
+#: ops that cost much more than one pass over their data
+_HEAVY = frozenset({"tensordot", "vecdot", "sort", "argsort", "searchsorted", "isin"})
+
+
+def _elements(descs: Sequence[ArrayDesc]) -> int:
+    n = 0
+    for d in descs:
+        n += math.prod(d.shape)
+    return n
+
+
+def estimate_ns(commands: Sequence[Command | BadCommandAt], queues_work: bool) -> float:
+    """A rough upper estimate of how long ``commands`` keep the calling thread busy:
+    infinite for a call that waits for a device that queues work (``queues_work``)."""
+    total = 0.0
+    for c in commands:
+        total += _PER_COMMAND_NS
+        if type(c) is not Command:
+            continue
+        name = c.spec.name
+        if queues_work:
+            if name in _WAITS:
+                return math.inf
+            if name == "copy_h2d":
+                total += 0.1 * c.args[0].nbytes  # a staging copy at ~10 GB/s
+            continue
+        if name == "launch" or name == "launch_new":
+            op, ins, outs = c.args[0], c.args[1], c.args[2]
+            n = _elements(ins) + _elements(outs)
+            if op == "matmul" and ins and ins[0].shape:
+                total += 0.5 * _elements(outs) * ins[0].shape[-1]  # multiply-adds
+            elif op in _HEAVY or op.startswith(("linalg.", "fft.", "unique")):
+                total += 50.0 * n + 0.5 * n * max(1, int(math.log2(n + 1)))
+            else:
+                total += 2.0 * n
+        elif name == "launch_dynamic":
+            total += 50.0 * _elements(c.args[1])
+        elif name in ("copy_h2d", "copy_d2h", "copy_d2d"):
+            total += 0.1 * c.args[0].nbytes
+        elif name == "memset":
+            total += 0.05 * c.args[2]
+        elif name == "kernel_create":
+            return math.inf
+    return total
+
+
+class DeviceQueue:
+    """One session's batches: run inline when cheap and nothing is in flight, else in order
+    on ``pool``; ``deliver(result)`` gets each batch's ``(replies, buffers)`` (or the
+    exception it raised) on the loop, in order."""
+
+    def __init__(
+        self,
+        run: Callable[[Sequence[Command | BadCommandAt], Sequence[memoryview]], Result],
+        pool: concurrent.futures.Executor,
+        deliver: Callable[[Result | BaseException], None],
+        *,
+        queues_work: bool = False,
+        inline_us: float = 500.0,
+    ) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._run = run
+        self._pool = pool
+        self._deliver = deliver
+        self._queues_work = queues_work
+        self._inline_ns = inline_us * 1e3
+        self._lock = threading.Lock()
+        self._waiting: deque[Batch] = deque()  # not yet started; the worker takes from it
+        self._working = False  # a worker is draining _waiting
+        #: batches handed to the worker whose result has not been delivered yet
+        self.in_flight = 0
+        self.ran_inline = 0
+        self.ran_off_loop = 0
+        self._idle: asyncio.Future[None] | None = None
+        self._closed = False
+
+    def submit(
+        self, commands: Sequence[Command | BadCommandAt], buffers: Sequence[memoryview]
+    ) -> None:
+        """Run one batch (inline, or queued behind the batches in flight)."""
+        if self._closed:
+            return
+        if self.in_flight == 0 and estimate_ns(commands, self._queues_work) <= self._inline_ns:
+            self.ran_inline += 1
+            self._deliver(self._run(commands, buffers))
+            return
+        self.in_flight += 1
+        self.ran_off_loop += 1
+        with self._lock:
+            self._waiting.append((commands, buffers))
+            start = not self._working
+            self._working = True
+        if start:
+            self._pool.submit(self._work)
+
+    def _work(self) -> None:
+        """On a worker thread: run the waiting batches in order, handing each result back."""
+        while True:
+            with self._lock:
+                if not self._waiting:
+                    self._working = False
+                    return
+                commands, buffers = self._waiting.popleft()
+            result: Result | BaseException
+            try:
+                result = self._run(commands, buffers)
+            except BaseException as exc:  # delivered to the loop, which reports it
+                result = exc
+            try:
+                self._loop.call_soon_threadsafe(self._done, result)
+            except RuntimeError:  # the loop is closed: nobody is left to answer
+                with self._lock:
+                    self._waiting.clear()
+                    self._working = False
+                return
+
+    def _done(self, result: Result | BaseException) -> None:
+        self.in_flight -= 1
+        try:
+            if not self._closed:
+                self._deliver(result)
+        finally:
+            if self.in_flight == 0 and self._idle is not None and not self._idle.done():
+                self._idle.set_result(None)
+
+    def cancel(self) -> int:
+        """Drop the batches not yet started (their client is gone); returns how many. What
+        runs now finishes; its result is not delivered."""
+        self._closed = True
+        with self._lock:
+            dropped = len(self._waiting)
+            self._waiting.clear()
+        self.in_flight -= dropped
+        if self.in_flight == 0 and self._idle is not None and not self._idle.done():
+            self._idle.set_result(None)
+        return dropped
+
+    async def idle(self) -> None:
+        """Wait until no batch is in flight."""
+        if self.in_flight == 0:
+            return
+        if self._idle is None or self._idle.done():
+            self._idle = self._loop.create_future()
+        await self._idle
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "in_flight": self.in_flight,
+            "ran_inline": self.ran_inline,
+            "ran_off_loop": self.ran_off_loop,
+        }

@@ -1,0 +1,227 @@
+"""One client's session on the proxy: its connection, authentication, executor, device
+queue and the replies in flight.
+
+``on_frame`` runs in the transport's read callback: it decodes and validates the frame,
+checks the client's proof before anything runs, and hands the batch to the session's
+``DeviceQueue`` (inline when cheap, else on a worker); ``deliver`` sends each batch's replies
+in order. ``on_lost`` ends the session; ``run()`` serves it until then and frees everything
+it holds once its device work in flight has finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .auth import new_nonce, verify
+from .devicequeue import DeviceQueue, Result
+from .errors import ConnectionClosed, GpuRemoteError, ProtocolError
+from .executor import PROTOCOL_VERSION, Executor
+from .framing import Frame, FrameLimits
+from .monitor import SessionFigures
+from .protocol import (
+    Command,
+    decode_message,
+    decode_request,
+    encode_fatal,
+    encode_greeting,
+    encode_replies,
+    request_local_calls,
+)
+from .transports import Connection
+
+__all__ = ["MAX_BATCHES_IN_FLIGHT", "ProxySession"]
+
+log = logging.getLogger("gpuremote.proxy")
+
+#: batches of one session queued for its worker before the proxy stops reading from it
+MAX_BATCHES_IN_FLIGHT = 8
+
+
+class ProxySession:
+    """See the module docstring. ``executor`` holds the session's resources; ``pool`` runs
+    its batches off the loop."""
+
+    def __init__(
+        self,
+        conn: Connection,
+        executor: Executor,
+        pool: concurrent.futures.Executor,
+        *,
+        limits: FrameLimits = FrameLimits(),
+        secret: bytes | None = None,
+        inline_us: float = 500.0,
+        on_end: Callable[[ProxySession], None] | None = None,
+    ) -> None:
+        self.conn = conn
+        self.executor = executor
+        self.sid = executor.session_id
+        self.figures = SessionFigures(self.sid, conn.peer)
+        self.limits = limits
+        self.task: asyncio.Task[Any] | None = None
+        self._loop = asyncio.get_running_loop()
+        self._secret = secret
+        self._nonce = new_nonce()
+        self.authenticated = secret is None
+        self._ended: asyncio.Future[str] = self._loop.create_future()
+        self._on_end = on_end
+        self._drainer: asyncio.Task[None] | None = None
+        self._refused = False
+        self._reading_paused = False
+        self._frame_started: list[int] = []  # perf_counter_ns at each queued batch's arrival
+        self.queue = DeviceQueue(
+            executor.execute,
+            pool,
+            self.deliver,
+            queues_work=executor.backend.queues_work,
+            inline_us=inline_us,
+        )
+
+    # -- serving ---------------------------------------------------------------------------
+    async def run(self) -> str:
+        """Greet the client and serve it until the connection ends; returns why it ended."""
+        self.task = asyncio.current_task()
+        reason = "proxy shutting down"
+        try:
+            self.conn.send(encode_greeting(PROTOCOL_VERSION, self._secret is not None, self._nonce))
+            self.conn.set_receiver(self.on_frame, self.on_lost)
+            reason = await self._ended
+        finally:
+            await self._close()
+        return reason
+
+    def end(self, reason: str) -> None:
+        """End the session (the connection is closed; work in flight finishes first)."""
+        if not self._ended.done():
+            self._ended.set_result(reason)
+        self.conn.close()
+
+    async def _close(self) -> None:
+        self.conn.close()
+        dropped = self.queue.cancel()
+        if dropped:
+            log.info("session %d: %d queued batch(es) dropped with the client", self.sid, dropped)
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.queue.idle()  # what runs on the device now finishes before the free
+        if self._drainer is not None:
+            self._drainer.cancel()
+        if self.executor.backend.queues_work:
+            # freeing waits for the streams' work: off the loop
+            await self._loop.run_in_executor(None, self.executor.close)
+        else:
+            self.executor.close()
+        if self._on_end is not None:
+            self._on_end(self)
+
+    # -- receiving -------------------------------------------------------------------------
+    def on_frame(self, frame: Frame) -> None:
+        """A frame from the client (in the transport's read callback)."""
+        if self._refused:
+            return
+        t0 = time.perf_counter_ns()
+        fig = self.figures
+        fig.frames_in += 1
+        fig.bytes_in += frame.nbytes
+        try:
+            msg = decode_message(frame)
+            commands = decode_request(frame, self.limits, msg)
+        except ProtocolError as exc:
+            self.refuse(f"protocol error: {exc}")
+            return
+        if not self.authenticated:  # nothing runs before the proof is checked
+            first = commands[0] if commands else None
+            if (
+                type(first) is not Command
+                or first.spec.name != "hello"
+                or self._secret is None
+                or not verify(self._secret, self._nonce, first.args[1])
+            ):
+                log.warning("session %d: %s failed authentication", self.sid, self.conn.peer)
+                self.refuse("authentication failed")
+                return
+            self.authenticated = True
+        local = request_local_calls(msg)
+        if local is not None:
+            fig.local_calls = local
+        self._frame_started.append(t0)
+        self.queue.submit(commands, frame.buffers)
+        if self.queue.in_flight >= MAX_BATCHES_IN_FLIGHT:
+            self._pause()  # the device is behind: take no more until it catches up
+
+    def deliver(self, result: Result | BaseException) -> None:
+        """A batch's result (on the loop, in order): send its replies."""
+        t0 = self._frame_started.pop(0) if self._frame_started else time.perf_counter_ns()
+        if isinstance(result, BaseException):
+            self._internal_error(result)
+            return
+        replies, buffers = result
+        if replies and not self.conn.closed:
+            reply = encode_replies(replies, buffers)
+            try:
+                self.conn.send(reply)
+            except GpuRemoteError:
+                return  # the connection is gone: on_lost ends the session
+            fig = self.figures
+            fig.frames_out += 1
+            fig.bytes_out += reply.nbytes
+            fig.sync_latency(time.perf_counter_ns() - t0)
+            if self.conn.pending_bytes and self._drainer is None:
+                # reply buffers may be device memory, and the client is slow to read:
+                # take no more commands until they are out (backpressure)
+                self._pause()
+                self._drainer = self._loop.create_task(self._wait_drained())
+        self._maybe_resume()
+
+    def on_lost(self, exc: BaseException) -> None:
+        """The connection ended (``exc`` says how)."""
+        if isinstance(exc, ConnectionClosed):
+            self.end("client closed the connection")
+        elif isinstance(exc, ProtocolError):
+            self.end(f"protocol error: {exc}")
+        else:
+            self._internal_error(exc)
+
+    # -- flow control and errors -----------------------------------------------------------
+    def _pause(self) -> None:
+        if not self._reading_paused:
+            self._reading_paused = True
+            self.conn.pause_reading()
+
+    def _maybe_resume(self) -> None:
+        if (
+            self._reading_paused
+            and self._drainer is None
+            and self.queue.in_flight < MAX_BATCHES_IN_FLIGHT
+            and not self._refused
+            and not self.conn.closed
+        ):
+            self._reading_paused = False
+            self.conn.resume_reading()
+
+    async def _wait_drained(self) -> None:
+        try:
+            await self.conn.drain()
+        except GpuRemoteError:
+            return
+        finally:
+            self._drainer = None
+        self._maybe_resume()
+
+    def refuse(self, why: str) -> None:
+        """Tell the client why (FATAL), read nothing more, and close soon after."""
+        self._refused = True
+        with contextlib.suppress(GpuRemoteError):
+            self.conn.send(encode_fatal(why))
+        self._pause()
+        self._loop.call_later(0.5, self.end, why)  # let the FATAL out first
+
+    def _internal_error(self, exc: BaseException) -> None:
+        log.error("session %d: internal error", self.sid, exc_info=exc)
+        with contextlib.suppress(GpuRemoteError):
+            self.conn.send(encode_fatal(f"internal error: {type(exc).__name__}"))
+        self.end(f"internal error: {type(exc).__name__}: {exc}")

@@ -1,0 +1,286 @@
+"""The device off the event loop: one session's device work never holds up another's.
+
+Asserted on counts and order (whose reply came first), with wide margins, not on tight
+timings: the simulated device (``sim:op_us=...``) makes the device time long and known.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import gpuremote
+from gpuremote.backends import BackendError, NumpyBackend, get_backend
+from gpuremote.backends.sim_backend import SimBackend
+from gpuremote.calls import CALLS_BY_NAME
+from gpuremote.devicequeue import estimate_ns
+from gpuremote.errors import ConfigError, ConnectionClosed
+from gpuremote.executor import Executor
+from gpuremote.framing import Frame, FrameLimits
+from gpuremote.protocol import FATAL, decode_message, decode_replies, decode_request, encode_request
+from gpuremote.proxy import Proxy
+from gpuremote.proxysession import ProxySession
+
+
+@pytest.fixture
+async def sim_proxy(request: pytest.FixtureRequest) -> Any:
+    op_us = getattr(request, "param", 50_000)
+    proxy = Proxy(f"sim:op_us={op_us}")
+    url = await proxy.start("tcp://127.0.0.1:0")
+    try:
+        yield proxy, url
+    finally:
+        await proxy.close()
+
+
+# -- the simulated device -------------------------------------------------------------------
+def test_sim_launches_return_at_once_and_waits_wait() -> None:
+    sim = SimBackend(op_us=40_000)
+    stream = sim.create_stream()
+    a = np.ones(4, np.float32)
+    out = np.empty(4, np.float32)
+    from gpuremote.ops import OPS
+
+    t0 = time.perf_counter()
+    for _ in range(5):  # 200 ms of device work
+        sim.run_op(OPS["add"], [a, a], [out], {}, stream)
+    queued = time.perf_counter() - t0
+    ev = sim.create_event()
+    assert sim.query_event(ev)  # never recorded: complete
+    sim.record_event(ev, stream)
+    assert not sim.query_event(ev)  # behind 200 ms of work
+    host = sim.to_host(out, stream)  # waits for the stream
+    waited = time.perf_counter() - t0
+    assert sim.query_event(ev)
+    np.testing.assert_array_equal(host, [2, 2, 2, 2])
+    assert queued < waited / 4  # launching took a small part of the device time
+    assert waited >= 0.15
+    sim.destroy_stream(stream)
+
+
+def test_sim_spec_is_parsed_and_checked() -> None:
+    assert isinstance(get_backend("sim"), SimBackend)
+    assert get_backend("sim:op_us=25").op_s == pytest.approx(25e-6)  # type: ignore[attr-defined]
+    for bad in ("sim:op_us=x", "sim:speed=3", "sim:op_us=-1"):
+        with pytest.raises(BackendError):
+            get_backend(bad)
+
+
+# -- what runs inline -----------------------------------------------------------------------
+def _decoded(*cmds: list[Any], arrays: list[list[Any]] | None = None) -> Any:
+    frame = encode_request([list(c) for c in cmds], [], arrays or [])
+    return decode_request(Frame(frame.meta, frame.buffers))
+
+
+def test_cheap_batches_are_estimated_cheap_and_heavy_ones_not() -> None:
+    launch = CALLS_BY_NAME["launch_new"].opcode
+    d2h = CALLS_BY_NAME["copy_d2h"].opcode
+    small = [[1, 0, [16], "float32"], [2, 0, [16], "float32"]]
+    big = [[1, 0, [1500, 1500], "float32"], [2, 0, [1500, 1500], "float32"]]
+    add = _decoded([1, launch, 0, ["add", [0, 0], [1], {}], False], arrays=small)
+    matmul = _decoded([1, launch, 0, ["matmul", [0, 0], [1], {}], False], arrays=big)
+    read = _decoded([1, d2h, 0, [0], False], arrays=small)
+    assert estimate_ns(add, queues_work=False) < 50_000
+    assert estimate_ns(matmul, queues_work=False) > 100e6  # ~1.7 GFLOP
+    assert estimate_ns(matmul, queues_work=True) < 50_000  # a GPU only queues it ...
+    assert estimate_ns(read, queues_work=True) == float("inf")  # ... and a read waits
+
+
+# -- sessions beside each other -------------------------------------------------------------
+@pytest.mark.parametrize("sim_proxy", [50_000], indirect=True)
+async def test_a_session_waiting_on_the_device_does_not_delay_another(
+    sim_proxy: tuple[Proxy, str],
+) -> None:
+    _, url = sim_proxy
+    async with gpuremote.connect(url) as busy, gpuremote.connect(url) as other:
+        await other.ping(b"warm")
+        y = busy.asarray(np.zeros(16, np.float32))
+        for _ in range(10):  # 10 ops of 50 ms: 500 ms of device work, then a read
+            y = y + 1.0
+        order: list[str] = []
+        pings: list[float] = []
+
+        async def read() -> None:
+            got = await y.get()
+            order.append("read")
+            assert got[0] == 10.0
+
+        reader = asyncio.create_task(read())
+        await asyncio.sleep(0.02)  # the read is on the proxy, waiting for the device
+        for _ in range(20):
+            t0 = time.perf_counter()
+            await other.ping(b"x")
+            pings.append(time.perf_counter() - t0)
+        order.append("pings")
+        await reader
+    # every ping was answered while the other session waited on its 500 ms of device work
+    assert order == ["pings", "read"]
+    assert max(pings) < 0.2
+
+
+async def test_a_heavy_numpy_batch_runs_beside_the_loop() -> None:
+    proxy = Proxy("numpy")
+    url = await proxy.start("tcp://127.0.0.1:0")
+    try:
+        async with gpuremote.connect(url) as heavy, gpuremote.connect(url) as light:
+            rng = np.random.default_rng(0)
+            a = heavy.asarray(rng.standard_normal((1000, 1000)).astype(np.float32) / 30)
+            await heavy.synchronize()
+            c = a
+            for _ in range(6):  # ~12 GFLOP in one batch
+                c = c @ a
+            done: list[int] = []
+            answered = 0
+
+            async def read() -> None:
+                await c.get()
+                done.append(answered)
+
+            reader = asyncio.create_task(read())
+            x = light.asarray(np.ones(16, np.float32))
+            while not reader.done():
+                assert (await (x + x).get())[0] == 2.0
+                answered += 1
+            await reader
+        assert done[0] >= 3  # the light session was served while the matmuls ran
+        assert proxy.clients == {} or all(s.queue.in_flight == 0 for s in proxy.clients.values())
+    finally:
+        await proxy.close()
+
+
+@pytest.mark.parametrize("sim_proxy", [100_000], indirect=True)
+async def test_a_client_gone_with_work_in_flight_leaks_nothing(
+    sim_proxy: tuple[Proxy, str],
+) -> None:
+    proxy, url = sim_proxy
+    gpu = await gpuremote.connect(url)
+    y = gpu.asarray(np.zeros(1024, np.float32))
+    for _ in range(5):  # 500 ms of device work
+        y = y + 1.0
+    reading = asyncio.ensure_future(y.get())
+    await asyncio.sleep(0.05)
+    (session,) = proxy.clients.values()
+    assert session.queue.in_flight == 1  # the read waits on the device
+    t0 = time.perf_counter()
+    gpu._session.conn.close()  # the client vanishes
+    with pytest.raises(ConnectionClosed):
+        await reading
+    while proxy.clients:
+        await asyncio.sleep(0.01)
+        assert time.perf_counter() - t0 < 10
+    # freed only once the device work it had in flight was done
+    assert time.perf_counter() - t0 >= 0.2
+    assert session.executor.buffers == {} and session.executor.device_bytes == 0
+    assert session.queue.in_flight == 0
+    async with gpuremote.connect(url) as again:  # the proxy keeps serving
+        assert (await (again.asarray(np.ones(4, np.float32)) * 3.0).get())[0] == 3.0
+    assert proxy.stats()["buffers"] == 0
+
+
+@pytest.mark.parametrize("sim_proxy", [100_000], indirect=True)
+async def test_shutdown_drain_waits_for_device_work_in_flight(
+    sim_proxy: tuple[Proxy, str],
+) -> None:
+    proxy, url = sim_proxy
+    gpu = await gpuremote.connect(url)
+    y = gpu.asarray(np.zeros(8, np.float32))
+    for _ in range(3):
+        y = y + 2.0
+    reading = asyncio.ensure_future(y.get())
+    await asyncio.sleep(0.05)
+    await proxy.close(grace=5.0)  # as on SIGTERM: the batch already received is answered
+    np.testing.assert_array_equal(await reading, np.full(8, 6.0, np.float32))
+    await gpu.aclose()
+
+
+# -- the session object on its own ----------------------------------------------------------
+class FakeConnection:
+    """A connection that records what is sent and feeds frames by hand."""
+
+    peer = "fake"
+
+    def __init__(self) -> None:
+        self.sent: list[Frame] = []
+        self.closed = False
+        self.paused = False
+        self.pending_bytes = 0
+        self.on_frame: Any = None
+        self.on_lost: Any = None
+
+    def send(self, frame: Frame) -> None:
+        if self.closed:
+            raise ConnectionClosed("closed")
+        self.sent.append(frame)
+
+    def set_receiver(self, on_frame: Any, on_lost: Any) -> None:
+        self.on_frame, self.on_lost = on_frame, on_lost
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+    async def drain(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def test_proxy_session_with_a_fake_connection() -> None:
+    conn = FakeConnection()
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    session = ProxySession(conn, Executor(NumpyBackend()), pool)  # type: ignore[arg-type]
+    task = asyncio.create_task(session.run())
+    await asyncio.sleep(0)
+    assert len(conn.sent) == 1  # the greeting
+    ping = CALLS_BY_NAME["ping"].opcode
+    req = encode_request([[1, ping, 0, [0], False]], [memoryview(b"abc")], [])
+    conn.on_frame(Frame(req.meta, req.buffers))
+    (reply,) = decode_replies(conn.sent[-1])
+    assert reply.ok and bytes(conn.sent[-1].buffers[reply.value]) == b"abc"
+    conn.on_frame(Frame(b"\xc1 not msgpack", []))  # a broken frame: FATAL, then nothing more
+    assert decode_message(conn.sent[-1])[0] == FATAL and conn.paused
+    conn.on_frame(Frame(req.meta, req.buffers))
+    assert decode_message(conn.sent[-1])[0] == FATAL
+    conn.on_lost(ConnectionClosed("gone"))
+    assert await asyncio.wait_for(task, 5) == "client closed the connection"
+    assert session.executor.buffers == {}
+    pool.shutdown()
+
+
+# -- what the proxy and the transports no longer do -----------------------------------------
+def test_the_proxy_imports_no_bench_code() -> None:
+    code = (
+        "import sys, gpuremote.proxy, gpuremote.proxysession\n"
+        "print([m for m in sys.modules if m.startswith('gpuremote.bench')])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_tls_settings_come_from_the_caller(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuremote.transports import Address, get_transport
+
+    (tmp_path / "gpuremote.toml").write_text('[tls]\ncert = "/from/the/config/file.pem"\n')
+    monkeypatch.chdir(tmp_path)
+    address = Address.parse("tls://127.0.0.1:0")
+    # the transport reads no config file of its own ...
+    with pytest.raises(ConfigError, match="needs a certificate"):
+        get_transport("tls", FrameLimits())._server_ssl(address)  # type: ignore[attr-defined]
+    # ... the caller passes the settings (the proxy passes [tls] from the file)
+    passed = get_transport("tls", FrameLimits(), {"cert": str(tmp_path / "given.pem")})
+    with pytest.raises(ConfigError, match=r"given\.pem"):
+        passed._server_ssl(address)  # type: ignore[attr-defined]
+    from gpuremote.config import transport_settings
+
+    assert transport_settings("tls") == {"cert": "/from/the/config/file.pem"}
