@@ -489,8 +489,37 @@ _CHECKS = {
 ArgsCheck = Callable[[list[Any], DecodeContext], tuple[Any, ...]]
 
 
+def _descs(v: Any, name: str, ctx: DecodeContext) -> tuple[ArrayDesc, ...]:
+    """``_check_arrays``, for the launches' hot path (the same checks, inlined)."""
+    table = ctx.arrays
+    n = len(table)
+    if type(v) is not list or len(v) > MAX_LIST:
+        return _check_arrays(v, name, ctx)  # raises
+    out = []
+    for a in v:
+        if type(a) is not int or not 0 <= a < n:
+            return _check_arrays(v, name, ctx)  # raises, naming the bad index
+        desc = table[a]
+        if type(desc) is BadCommand:
+            raise desc
+        out.append(desc)
+    return tuple(out)  # type: ignore[arg-type]
+
+
+def _check_launch_args(a: list[Any], ctx: DecodeContext) -> tuple[Any, ...]:
+    """The arguments of ``launch`` and ``launch_new`` (op, inputs, outputs, params)."""
+    op, ins, outs, params = a
+    if type(op) is not str or not 0 < len(op) <= MAX_NAME:
+        _check_name(op, "op", ctx)
+    if type(params) is not dict or params:  # {} passes as it is
+        params = _check_params(params, "params", ctx)
+    return (op, _descs(ins, "inputs", ctx), _descs(outs, "outputs", ctx), params)
+
+
 def _args_check(spec: CallSpec) -> ArgsCheck:
     """One function checking all of ``spec``'s arguments (their number checked already)."""
+    if tuple(k for _, k in spec.args) == (Arg.NAME, Arg.ARRAYS, Arg.ARRAYS, Arg.PARAMS):
+        return _check_launch_args  # launch and launch_new: the hot path
     checks = [(name, _CHECKS[kind]) for name, kind in spec.args]
     if len(checks) == 4:  # launch and its kind: unrolled, the hot path
         (n0, c0), (n1, c1), (n2, c2), (n3, c3) = checks
