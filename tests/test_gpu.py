@@ -76,3 +76,24 @@ async def test_streams_events_and_large_copies(gpu: gpuremote.GPU) -> None:
     await s.synchronize()
     assert await ev.query()
     np.testing.assert_allclose(await y.get(stream=s), np.exp(data), rtol=1e-5)
+
+
+def test_large_copies_go_through_pinned_memory() -> None:
+    import cupy as cp
+
+    from gpuremote.backends.cupy_backend import PINNED_MIN, CupyBackend
+
+    backend = CupyBackend()
+    stream = backend.create_stream()
+    data = np.random.default_rng(1).standard_normal(PINNED_MIN).astype(np.float32)  # 256 KiB
+    buf = backend.alloc(data.nbytes)
+    view = backend.view(buf, 0, data.shape, data.dtype)
+    backend.from_host(view, data, stream)
+    data_copy = data.copy()
+    data[:] = 0  # the upload was staged: the caller's memory is free at once
+    out = backend.to_host(view, stream)
+    np.testing.assert_array_equal(out, data_copy)
+    base = out
+    while isinstance(base, np.ndarray):
+        base = base.base
+    assert isinstance(base, cp.cuda.PinnedMemoryPointer)

@@ -1,7 +1,15 @@
-"""The GPU backend: CuPy device memory, CuPy streams and events, CuPy user kernels."""
+"""The GPU backend: CuPy device memory, CuPy streams and events, CuPy user kernels.
+
+Host-device copies go through pinned host memory (CuPy's pinned memory pool), so that they
+are asynchronous on the session's stream: an upload is copied into a pinned staging buffer
+and handed to the GPU's copy engine, the buffer held until the stream has passed the copy;
+a download lands in pinned memory, which is then the reply's buffer.
+"""
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,6 +19,16 @@ import numpy as np
 from .base import Backend, BackendError, DeviceInfo
 
 __all__ = ["CupyBackend"]
+
+#: copies of this many bytes or more go through pinned memory; smaller ones the driver
+#: stages itself at once, and above the upper bound pinned memory would be hoarded
+PINNED_MIN, PINNED_MAX = 64 << 10, 256 << 20
+
+
+def pinned_empty(nbytes: int) -> np.ndarray[Any, Any]:
+    """A host ``uint8`` array of ``nbytes`` in page-locked memory (from CuPy's pool)."""
+    mem = cp.cuda.alloc_pinned_memory(nbytes)
+    return np.frombuffer(mem, np.uint8, nbytes)
 
 
 class CupyBackend(Backend):
@@ -23,6 +41,9 @@ class CupyBackend(Backend):
     def __init__(self) -> None:
         self._device = cp.cuda.Device()
         self._kernels: dict[tuple[str, str, str, str], Any] = {}  # shared across sessions
+        self._lock = threading.Lock()
+        #: staging buffers of uploads in flight, each with the event after its copy
+        self._staged: deque[tuple[Any, np.ndarray[Any, Any]]] = deque()
 
     def device_info(self) -> DeviceInfo:
         props = cp.cuda.runtime.getDeviceProperties(self._device.id)
@@ -42,12 +63,28 @@ class CupyBackend(Backend):
             raise BackendError(f"out of device memory allocating {nbytes} bytes") from None
 
     def from_host(self, dst: Any, src: np.ndarray[Any, Any], stream: Any) -> None:
-        dst.set(src, stream=stream)
+        if not PINNED_MIN <= src.nbytes <= PINNED_MAX:
+            dst.set(src, stream=stream)
+            return
+        staging = pinned_empty(src.nbytes).view(src.dtype).reshape(src.shape)
+        np.copyto(staging, src)
+        dst.set(staging, stream=stream)  # from pinned memory: asynchronous on the stream
+        event = stream.record()
+        with self._lock:  # held until the stream is past the copy
+            staged = self._staged
+            staged.append((event, staging))
+            while staged and staged[0][0].done:
+                staged.popleft()
 
     def to_host(self, src: Any, stream: Any) -> np.ndarray[Any, Any]:
         with stream:
-            out: np.ndarray[Any, Any] = cp.ascontiguousarray(src).get(stream=stream)  # waits
-        return out
+            src = cp.ascontiguousarray(src)
+        if not PINNED_MIN <= src.nbytes <= PINNED_MAX:
+            out: np.ndarray[Any, Any] = src.get(stream=stream)  # waits for the stream
+            return out
+        host = pinned_empty(src.nbytes).view(src.dtype).reshape(src.shape)
+        src.get(stream=stream, out=host)  # waits for the stream, then copies by DMA
+        return host
 
     def copy(self, dst: Any, src: Any, stream: Any) -> None:
         with stream:
