@@ -331,7 +331,7 @@ def _api(args: argparse.Namespace) -> int:
 
 
 def _ops(args: argparse.Namespace) -> int:
-    from .ops import CASES, OpsConfig, run_ops
+    from .ops import CASES, OpsConfig, reexec_pinned, run_ops
     from .render import ops_view
 
     cfg = OpsConfig(
@@ -344,6 +344,7 @@ def _ops(args: argparse.Namespace) -> int:
         cases=tuple(args.cases.split(",")) if args.cases else CASES,
         pin=args.pin,
     )
+    reexec_pinned(cfg.pin, cfg)  # returns at once unless the command must restart pinned
     result = _drive(args, ops_view, lambda report: run_ops(cfg, report))
     if args.json:
         _print_json(result)

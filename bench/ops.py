@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import inspect
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -43,7 +44,10 @@ __all__ = ["CASES", "PINS", "OpsConfig", "run_ops"]
 
 CASES = ("sync_op", "xp_sync_op", "async_chain", "xp_async_chain", "transformer_step")
 _ECHO = b"gpuremote-echo16"  # 16 bytes
-_XP_QUIET_S = 0.1  # longer than gpuremote.xp's helper polls after the last post
+#: a pause after the paths that leave threads busy for a while: gpuremote.xp's helper polls
+#: for 50 ms after the last post, and BLAS worker threads spin for a while after a matmul
+#: (the transformer's, in both processes); their CPU is not the next path's
+_QUIET_S = 0.2
 
 
 @dataclass
@@ -61,24 +65,45 @@ class OpsConfig(TargetOptions):
 
 
 PINS = ("none", "same", "split")
+_PIN_ENV = "GPUREMOTE_PIN_CPUS"  # the CPUs the bench could use before it pinned itself
 
 
-def _pin(how: str, proxy_pid: int | None) -> dict[str, Any]:
-    """Pin this process (and the proxy, when it is a local process of its own) as ``how``
-    says; returns the placement, for the result."""
+def plan_pin(how: str, cfg: TargetOptions | None = None) -> tuple[int, int] | None:
+    """The (client, proxy) CPUs that ``how`` asks for (None for "none"); ``ConfigError`` where
+    it cannot be had (no second CPU, or no proxy process of the bench's own)."""
     if how not in PINS:
         raise ConfigError(f"pin must be one of {', '.join(PINS)}, not {how!r}")
     if how == "none":
-        return {"pin": "none"}
-    if proxy_pid is None or proxy_pid == os.getpid():
+        return None
+    if cfg is not None and (cfg.url or cfg.transport == "inproc"):
         raise ConfigError("--pin needs the proxy the bench starts, over tcp:// (not --url)")
-    cpus = sorted(os.sched_getaffinity(0))
+    env = os.environ.get(_PIN_ENV)
+    cpus = [int(c) for c in env.split(",")] if env else sorted(os.sched_getaffinity(0))
     if how == "split" and len(cpus) < 2:
         raise ConfigError(f"--pin split needs two CPUs; this process may use {cpus}")
-    client, proxy = cpus[0], cpus[1] if how == "split" else cpus[0]
-    os.sched_setaffinity(0, {client})
-    os.sched_setaffinity(proxy_pid, {proxy})
-    return {"pin": how, "client_cpu": client, "proxy_cpu": proxy}
+    return cpus[0], cpus[1] if how == "split" else cpus[0]
+
+
+def reexec_pinned(how: str, cfg: TargetOptions) -> None:
+    """Run this command again on the client's CPU alone (for the CLI): threads that size
+    themselves at start (BLAS's pool) then see one CPU, as in the proxy it starts."""
+    plan = plan_pin(how, cfg)
+    if plan is None or os.sched_getaffinity(0) == {plan[0]}:
+        return
+    os.environ[_PIN_ENV] = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+    os.sched_setaffinity(0, {plan[0]})
+    os.execv(sys.executable, [sys.executable, "-m", "gpuremote", *sys.argv[1:]])
+
+
+def _pin_process(pid: int, cpus: set[int]) -> None:
+    """Every thread of ``pid`` onto ``cpus`` (threads made later inherit it)."""
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        tids = [pid]
+    for tid in tids:
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            os.sched_setaffinity(tid, cpus)
 
 
 @dataclass
@@ -147,12 +172,18 @@ async def run_ops(
     unknown = set(cfg.cases) - set(CASES)
     if unknown:
         raise ValueError(f"unknown case(s) {sorted(unknown)}; known: {', '.join(CASES)}")
+    plan = plan_pin(cfg.pin, cfg)
+    affinity = os.sched_getaffinity(0)
     async with (
-        open_target(cfg.url, cfg.transport, cfg.backend) as target,
+        open_target(
+            cfg.url, cfg.transport, cfg.backend, proxy_cpus=None if plan is None else {plan[1]}
+        ) as target,
         gpuremote.connect(target.url) as gpu,
     ):
-        affinity = os.sched_getaffinity(0)
-        placement = _pin(cfg.pin, target.proxy_pid if target.transport != "inproc" else None)
+        placement: dict[str, Any] = {"pin": cfg.pin}
+        if plan is not None:
+            _pin_process(os.getpid(), {plan[0]})  # a no-op where the CLI pinned it at start
+            placement.update(client_cpu=plan[0], proxy_cpu=plan[1])
         ports = gpu.device.get("bench_echo")
         echo: ProtocolEchoClient | None = None
         why_not = None
@@ -168,7 +199,7 @@ async def run_ops(
                 result["placement"] = placement
                 return result
             finally:
-                os.sched_setaffinity(0, affinity)
+                _pin_process(os.getpid(), affinity)
                 if echo is not None:
                     echo.close()
 
@@ -244,15 +275,15 @@ async def _measure(
     figures = {name: _Figures() for name in paths}
     for fn, per, _ in paths.values():  # warm-up, not counted
         await _timed(fn, max(1, cfg.warmup // per) if per == 1 else 1)
-    previous_xp = False
+    previous_busy = True  # the warm-up ran every path
     for r in range(cfg.rounds):
         for name, (fn, per, reps) in paths.items():
             fig = figures[name]
+            if previous_busy:  # before the clocks start
+                await asyncio.sleep(_QUIET_S)
+            previous_busy = name.startswith(("xp_", "transformer_"))
             p0 = await clock.read() if name != "transformer_local" else None
             c0 = time.process_time()
-            if previous_xp:  # let xp's helper go quiet: its polling is not the next path's
-                await asyncio.sleep(_XP_QUIET_S)
-            previous_xp = name.startswith("xp_")
             for dt in await _timed(fn, reps):
                 if per == 1:
                     fig.wall_ns.append(dt)

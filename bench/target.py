@@ -42,10 +42,15 @@ class Target:
 
 @contextlib.asynccontextmanager
 async def open_target(
-    url: str | None, transport: str = "tcp", backend: str = "auto"
+    url: str | None,
+    transport: str = "tcp",
+    backend: str = "auto",
+    *,
+    proxy_cpus: set[int] | None = None,
 ) -> AsyncIterator[Target]:
     """Use the proxy at ``url`` (else ``GPUREMOTE_URL`` or the config file's), or start one
-    (with ``serve --bench-echo``, so that the baselines run beside it)."""
+    (with ``serve --bench-echo``, so that the baselines run beside it; on ``proxy_cpus`` from
+    its start, if given)."""
     url = url or os.environ.get("GPUREMOTE_URL") or load_config_file().get("url")
     if url:
         yield Target(url, Address.parse(url).scheme, None)
@@ -58,7 +63,7 @@ async def open_target(
         finally:
             await proxy.close()
         return
-    local = LocalProxy(transport, backend, extra_args=("--bench-echo", "--quiet"))
+    local = LocalProxy(transport, backend, extra_args=("--bench-echo", "--quiet"), cpus=proxy_cpus)
     try:
         bound = local.start()
         yield Target(bound, transport, local.pid)

@@ -87,6 +87,8 @@ def _serve(args: argparse.Namespace) -> int:
                 session_limits=limits,
                 services=services,
                 inline_us=args.inline_us,
+                max_clients=args.max_clients,
+                handshake_timeout_s=args.handshake_timeout or None,
                 admin_token=args.admin_token or os.environ.get("GPUREMOTE_ADMIN_TOKEN"),
                 metrics=metrics,
                 secret=secret,
@@ -266,6 +268,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--backend",
         default="auto",
         help="auto, cupy, numpy, or sim (a simulated device; sim:op_us=50 for 50 µs per op)",
+    )
+    s.add_argument(
+        "--max-clients",
+        type=int,
+        default=None,
+        help="connections beyond this many are refused (the client is told the limit)",
+    )
+    s.add_argument(
+        "--handshake-timeout",
+        type=float,
+        default=5.0,
+        help="seconds a new connection has to complete the handshake (0: no limit)",
     )
     s.add_argument(
         "--inline-us",

@@ -138,11 +138,16 @@ class FrameDecoder:
         allocate: Callable[[int], memoryview] = default_allocate,
         scratch_size: int = 256 << 10,
         direct_threshold: int = 64 << 10,
+        initial_scratch: int = 4 << 10,
     ) -> None:
         self._limits = limits
         self._allocate = allocate
-        self._scratch = bytearray(scratch_size)
+        # small to start with (an idle connection holds little), doubled up to scratch_size
+        # whenever a read fills all the room it was given
+        self._max_scratch = max(scratch_size, initial_scratch)
+        self._scratch = bytearray(min(initial_scratch, self._max_scratch))
         self._view = memoryview(self._scratch)
+        self._offered = 0  # the size of the last scratch view handed out
         self._start = 0  # unconsumed bytes of scratch are [_start, _end)
         self._end = 0
         self._direct_threshold = direct_threshold
@@ -175,9 +180,22 @@ class FrameDecoder:
             self._start = self._end = 0
         elif self._end == len(self._scratch):
             remaining = self._end - self._start
-            self._view[:remaining] = self._view[self._start : self._end]
-            self._start, self._end = 0, remaining
-        return self._view[self._end :]
+            if self._start == 0 and len(self._scratch) < self._max_scratch:
+                self._grow()  # full of one unfinished piece
+            else:
+                self._view[:remaining] = self._view[self._start : self._end]
+                self._start, self._end = 0, remaining
+        view = self._view[self._end :]
+        self._offered = view.nbytes
+        return view
+
+    def _grow(self) -> None:
+        """Double the scratch buffer (up to its maximum), keeping the unconsumed bytes."""
+        remaining = self._end - self._start
+        bigger = bytearray(min(2 * len(self._scratch), self._max_scratch))
+        bigger[:remaining] = self._view[self._start : self._end]
+        self._scratch, self._view = bigger, memoryview(bigger)
+        self._start, self._end = 0, remaining
 
     def buffer_updated(self, nbytes: int) -> None:
         """Account for ``nbytes`` written into the view from the last ``get_buffer()``."""
@@ -189,6 +207,8 @@ class FrameDecoder:
                 self._field_done()
         else:
             self._end += nbytes
+            if nbytes == self._offered and len(self._scratch) < self._max_scratch:
+                self._grow()  # the stream had more than the room it was given: more next time
             if self._state == _HEADER:
                 try:
                     while self._whole_frame():  # the common case: whole small frames

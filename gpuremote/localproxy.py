@@ -21,21 +21,32 @@ class LocalProxy:
     """``with LocalProxy("tcp") as p: p.url``: a proxy process, stopped on exit."""
 
     def __init__(
-        self, transport: str = "tcp", backend: str = "auto", extra_args: tuple[str, ...] = ()
+        self,
+        transport: str = "tcp",
+        backend: str = "auto",
+        extra_args: tuple[str, ...] = (),
+        cpus: set[int] | None = None,
     ) -> None:
         self.transport = transport
         self.backend = backend
         self.extra_args = extra_args
+        self.cpus = cpus  # the CPUs the process may run on, from its start
         self.proc: subprocess.Popen[str] | None = None
         self.url = ""
         self.banner = ""
 
     def start(self, timeout: float = 30.0) -> str:
         listen = f"{self.transport}://127.0.0.1:0"
+        launcher = [sys.executable, "-m", "gpuremote"]
+        if self.cpus is not None:  # pinned before anything starts (BLAS sizes its pool then)
+            launcher = [
+                sys.executable,
+                "-c",
+                f"import os, sys; os.sched_setaffinity(0, {sorted(self.cpus)}); "
+                "os.execv(sys.executable, [sys.executable, '-m', 'gpuremote', *sys.argv[1:]])",
+            ]
         cmd = [
-            sys.executable,
-            "-m",
-            "gpuremote",
+            *launcher,
             "serve",
             "--listen",
             listen,

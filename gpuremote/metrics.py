@@ -77,6 +77,17 @@ class ProxyCollector:
         yield CounterMetricFamily(
             "gpuremote_sessions_served", "Clients served since start", value=snap["sessions_served"]
         )
+        conns = snap.get("connections", {})
+        yield CounterMetricFamily(
+            "gpuremote_connections_refused",
+            "Connections refused: --max-clients reached",
+            value=conns.get("refused", 0),
+        )
+        yield CounterMetricFamily(
+            "gpuremote_handshake_timeouts",
+            "Connections closed for not completing the handshake in time",
+            value=conns.get("handshake_timeouts", 0),
+        )
         backend = snap["backend"]
         info = GaugeMetricFamily(
             "gpuremote_backend_info", "The proxy's backend", labels=["backend", "device"]

@@ -28,7 +28,7 @@ from .errors import GpuRemoteError
 from .executor import Executor, SessionLimits
 from .framing import FrameLimits
 from .monitor import totals
-from .protocol import encode_notice
+from .protocol import encode_fatal, encode_notice
 from .proxysession import ProxySession
 from .transports import Address, Connection, Listener, listen
 
@@ -60,6 +60,8 @@ class Proxy:
         secret: bytes | None = None,
         workers: int = 16,
         inline_us: float = 500.0,
+        max_clients: int | None = None,
+        handshake_timeout_s: float | None = 5.0,
     ) -> None:
         self.backend = get_backend(backend) if isinstance(backend, str) else backend
         self.admin_token = admin_token or None
@@ -69,6 +71,10 @@ class Proxy:
         self.limits = limits
         self.session_limits = session_limits
         self.inline_us = inline_us
+        self.max_clients = max_clients
+        self.handshake_timeout_s = handshake_timeout_s
+        self.refused_connections = 0  # turned away: max_clients reached
+        self.handshake_timeouts = 0  # closed: no handshake within handshake_timeout_s
         self.listeners: list[Listener] = []
         self.clients: dict[int, ProxySession] = {}
         self._ids = itertools.count(1)
@@ -91,15 +97,37 @@ class Proxy:
         return listener.url
 
     async def _serve_connection(self, conn: Connection) -> None:
+        if self.max_clients is not None and len(self.clients) >= self.max_clients:
+            self.refused_connections += 1
+            log.warning("refused %s: %d clients, the limit", conn.peer, len(self.clients))
+            with contextlib.suppress(GpuRemoteError):
+                conn.send(
+                    encode_fatal(
+                        f"the proxy serves at most {self.max_clients} clients at once "
+                        "(--max-clients); try again later"
+                    )
+                )
+                await asyncio.wait_for(conn.drain(), 1.0)
+            conn.close()
+            return
         sid = next(self._ids)
-        executor = Executor(self.backend, self.session_limits, sid, self.info, self._admin)
+
+        def make_executor() -> Executor:
+            return Executor(self.backend, self.session_limits, sid, self.info, self._admin)
+
+        def timed_out(session: ProxySession) -> None:
+            self.handshake_timeouts += 1
+
         session = ProxySession(
             conn,
-            executor,
+            make_executor,
             self._pool,
+            sid=sid,
             limits=self.limits,
             secret=self.secret,
             inline_us=self.inline_us,
+            handshake_timeout_s=self.handshake_timeout_s,
+            on_handshake_timeout=timed_out,
         )
         self.clients[sid] = session
         self.sessions_served += 1
@@ -108,26 +136,10 @@ class Proxy:
         try:
             reason = await session.run()
         finally:
-            stats = executor.stats()
             self.clients.pop(sid, None)
             if not self.clients:
                 _release_free_memory()  # idle: hand freed heap back to the OS
-            log.info(
-                "session %d: %s; %s; calls local=%d sync=%d async=%d failed=%d, %d frames, "
-                "%d bytes in, %d bytes out, %d buffers (%d bytes) freed",
-                sid,
-                conn.peer,
-                reason,
-                session.figures.local_calls,
-                stats["calls"]["sync"],
-                stats["calls"]["async"],
-                stats["failed"],
-                session.figures.frames_in,
-                session.figures.bytes_in,
-                session.figures.bytes_out,
-                stats["buffers"],
-                stats["device_bytes"],
-            )
+            _log_end(session, reason)
 
     def _admin(self, token: str) -> dict[str, Any]:
         """The admin call: every session's figures, for the right token only."""
@@ -145,6 +157,8 @@ class Proxy:
         now = time.time()
         sessions = []
         for sid, c in list(self.clients.items()):
+            if not c.started:  # still in the handshake
+                continue
             ex, fig = c.executor, c.figures
             sessions.append(
                 {
@@ -174,11 +188,17 @@ class Proxy:
             "sessions": sessions,
             "totals": totals(sessions),
             "sessions_served": self.sessions_served,
+            "connections": {
+                "open": len(self.clients),
+                "in_handshake": sum(1 for c in self.clients.values() if not c.started),
+                "refused": self.refused_connections,
+                "handshake_timeouts": self.handshake_timeouts,
+            },
         }
 
     def stats(self) -> dict[str, Any]:
         """Totals over the live sessions."""
-        sessions = [c.executor.stats() for c in self.clients.values()]
+        sessions = [c.executor.stats() for c in self.clients.values() if c.started]
         return {
             "backend": self.backend.name,
             "sessions": len(sessions),
@@ -213,6 +233,29 @@ class Proxy:
         if tasks:
             await asyncio.wait(tasks, timeout=5)
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _log_end(session: ProxySession, reason: str) -> None:
+    stats, fig = session.final_stats, session.figures
+    if stats is None:
+        log.info("session %d: %s; %s (before the handshake)", session.sid, fig.peer, reason)
+        return
+    log.info(
+        "session %d: %s; %s; calls local=%d sync=%d async=%d failed=%d, %d frames, "
+        "%d bytes in, %d bytes out, %d buffers (%d bytes) freed",
+        session.sid,
+        fig.peer,
+        reason,
+        fig.local_calls,
+        stats["calls"]["sync"],
+        stats["calls"]["async"],
+        stats["failed"],
+        fig.frames_in,
+        fig.bytes_in,
+        fig.bytes_out,
+        stats["buffers"],
+        stats["device_bytes"],
+    )
 
 
 def _release_free_memory() -> None:
@@ -255,6 +298,8 @@ async def serve(
     drain_s: float = 2.0,
     limits: FrameLimits = FrameLimits(),
     inline_us: float = 500.0,
+    max_clients: int | None = None,
+    handshake_timeout_s: float | None = 5.0,
 ) -> None:
     """Run a proxy until SIGINT or SIGTERM. ``ready(proxy, bound_urls)`` is called once
     it listens; ``metrics=(host, port)`` also serves Prometheus metrics there."""
@@ -266,6 +311,8 @@ async def serve(
         admin_token=admin_token,
         secret=secret,
         inline_us=inline_us,
+        max_clients=max_clients,
+        handshake_timeout_s=handshake_timeout_s,
     )
     bound = [await proxy.start(u) for u in urls]
     tune_gc()

@@ -50,17 +50,25 @@ class ProxySession:
     def __init__(
         self,
         conn: Connection,
-        executor: Executor,
+        executor: Executor | Callable[[], Executor],
         pool: concurrent.futures.Executor,
         *,
+        sid: int = 0,
         limits: FrameLimits = FrameLimits(),
         secret: bytes | None = None,
         inline_us: float = 500.0,
-        on_end: Callable[[ProxySession], None] | None = None,
+        handshake_timeout_s: float | None = None,
+        on_handshake_timeout: Callable[[ProxySession], None] | None = None,
     ) -> None:
         self.conn = conn
-        self.executor = executor
-        self.sid = executor.session_id
+        self.sid = sid
+        # the executor (handle tables, streams) is made once the client is in: a connection
+        # that never completes the handshake holds only its socket and a small buffer
+        self._make_executor = executor if callable(executor) else lambda: executor
+        self._executor: Executor | None = None if callable(executor) else executor
+        self._pool = pool
+        self._inline_us = inline_us
+        self._queue: DeviceQueue | None = None
         self.figures = SessionFigures(self.sid, conn.peer)
         self.limits = limits
         self.task: asyncio.Task[Any] | None = None
@@ -69,18 +77,41 @@ class ProxySession:
         self._nonce = new_nonce()
         self.authenticated = secret is None
         self._ended: asyncio.Future[str] = self._loop.create_future()
-        self._on_end = on_end
         self._drainer: asyncio.Task[None] | None = None
         self._refused = False
         self._reading_paused = False
         self._frame_started: list[int] = []  # perf_counter_ns at each queued batch's arrival
-        self.queue = DeviceQueue(
-            executor.execute,
-            pool,
-            self.deliver,
-            queues_work=executor.backend.queues_work,
-            inline_us=inline_us,
-        )
+        self.ready = False  # the handshake is done: the first frame was accepted
+        self.final_stats: dict[str, Any] | None = None  # the executor's, at the end
+        self._handshake_timeout_s = handshake_timeout_s
+        self._on_handshake_timeout = on_handshake_timeout
+        self._deadline: asyncio.TimerHandle | None = None
+
+    @property
+    def executor(self) -> Executor:
+        """The session's executor (made at the first use)."""
+        if self._executor is None:
+            self._executor = self._make_executor()
+        return self._executor
+
+    @property
+    def started(self) -> bool:
+        """Whether the session has an executor yet (its client completed the handshake)."""
+        return self._executor is not None
+
+    @property
+    def queue(self) -> DeviceQueue:
+        """The session's device queue (made at the first use)."""
+        if self._queue is None:
+            executor = self.executor
+            self._queue = DeviceQueue(
+                executor.execute,
+                self._pool,
+                self.deliver,
+                queues_work=executor.backend.queues_work,
+                inline_us=self._inline_us,
+            )
+        return self._queue
 
     # -- serving ---------------------------------------------------------------------------
     async def run(self) -> str:
@@ -90,6 +121,10 @@ class ProxySession:
         try:
             self.conn.send(encode_greeting(PROTOCOL_VERSION, self._secret is not None, self._nonce))
             self.conn.set_receiver(self.on_frame, self.on_lost)
+            if self._handshake_timeout_s is not None and not self.ready:
+                self._deadline = self._loop.call_later(
+                    self._handshake_timeout_s, self._handshake_expired
+                )
             reason = await self._ended
         finally:
             await self._close()
@@ -103,20 +138,43 @@ class ProxySession:
 
     async def _close(self) -> None:
         self.conn.close()
-        dropped = self.queue.cancel()
-        if dropped:
-            log.info("session %d: %d queued batch(es) dropped with the client", self.sid, dropped)
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.queue.idle()  # what runs on the device now finishes before the free
+        if self._deadline is not None:
+            self._deadline.cancel()
         if self._drainer is not None:
             self._drainer.cancel()
-        if self.executor.backend.queues_work:
+        if self._queue is not None:
+            dropped = self._queue.cancel()
+            if dropped:
+                log.info(
+                    "session %d: %d queued batch(es) dropped with the client", self.sid, dropped
+                )
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._queue.idle()  # what runs on the device now finishes before the free
+        executor = self._executor
+        if executor is None:
+            return
+        self.final_stats = executor.stats()  # what it held, before it is freed
+        if executor.backend.queues_work:
             # freeing waits for the streams' work: off the loop
-            await self._loop.run_in_executor(None, self.executor.close)
+            await self._loop.run_in_executor(None, executor.close)
         else:
-            self.executor.close()
-        if self._on_end is not None:
-            self._on_end(self)
+            executor.close()
+
+    def _handshake_expired(self) -> None:
+        if self.ready or self._ended.done():
+            return
+        log.warning(
+            "session %d: %s did not complete the handshake within %g s",
+            self.sid,
+            self.conn.peer,
+            self._handshake_timeout_s,
+        )
+        if self._on_handshake_timeout is not None:
+            self._on_handshake_timeout(self)
+        with contextlib.suppress(GpuRemoteError):
+            self.conn.send(encode_fatal(f"no handshake within {self._handshake_timeout_s:g} s"))
+        self._refused = True
+        self.end("handshake timeout")
 
     # -- receiving -------------------------------------------------------------------------
     def on_frame(self, frame: Frame) -> None:
@@ -145,6 +203,11 @@ class ProxySession:
                 self.refuse("authentication failed")
                 return
             self.authenticated = True
+        if not self.ready:
+            self.ready = True
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
         local = request_local_calls(msg)
         if local is not None:
             fig.local_calls = local

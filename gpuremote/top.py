@@ -63,6 +63,7 @@ def rates(prev: dict[str, Any] | None, cur: dict[str, Any], own: int | None) -> 
         "uptime_s": cur["uptime_s"],
         "rows": rows,
         "served": cur["sessions_served"],
+        "connections": cur.get("connections", {}),
     }
 
 
@@ -75,6 +76,20 @@ def _uptime(s: float) -> str:
     return f"{h}:{rem // 60:02d}:{rem % 60:02d}"
 
 
+def _connections(c: dict[str, Any]) -> str:
+    """Connections in the handshake, refused and timed out, where there are any."""
+    parts = [
+        f"{c[k]} {label}"
+        for k, label in (
+            ("in_handshake", "connecting"),
+            ("refused", "refused"),
+            ("handshake_timeouts", "timed out"),
+        )
+        if c.get(k)
+    ]
+    return f"   ({', '.join(parts)})" if parts else ""
+
+
 def render(view: dict[str, Any], url: str) -> RenderableType:
     """The whole screen: backend header, one row per client, totals."""
     b = view["backend"]
@@ -83,7 +98,9 @@ def render(view: dict[str, Any], url: str) -> RenderableType:
         ("gpuremote top ", "bold"),
         (url, "cyan"),
         f"   backend {b['backend']} on {b['device']}{mem}   up {_uptime(view['uptime_s'])}",
-        f"   clients {len(view['rows'])} (served {view['served']})   q quits",
+        f"   clients {len(view['rows'])} (served {view['served']})",
+        _connections(view.get("connections", {})),
+        "   q quits",
     )
     t = Table(expand=True, header_style="bold")
     cols = [
