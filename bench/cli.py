@@ -158,6 +158,14 @@ def add_bench_parser(sub: Any) -> None:
     t.add_argument("--matmuls", type=int, default=4, help="chained matmuls per heavy loop")
     t.set_defaults(func=_tenants)
 
+    fl = bs.add_parser("flood", help="connections that never complete the handshake")
+    fl.add_argument("--connections", type=int, default=1000)
+    fl.add_argument("--handshake-timeout", type=float, default=3.0)
+    fl.add_argument("--backend", default="numpy")
+    fl.add_argument("--rounds", type=int, default=2, help="floods one after the other")
+    fl.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
+    fl.set_defaults(func=_flood)
+
     a = bs.add_parser("api", help="calls per second: synchronous versus pipelined")
     _common(a)
     a.add_argument("--calls", type=int, default=10_000)
@@ -352,6 +360,26 @@ def _ops(args: argparse.Namespace) -> int:
     console = Console()
     if not console.is_terminal:
         console.print(ops_view(result))
+    return 0
+
+
+def _flood(args: argparse.Namespace) -> int:
+    from .flood import FloodConfig, run_flood
+
+    cfg = FloodConfig(args.connections, args.handshake_timeout, args.backend, args.rounds)
+    result = _drive(args, _status("flood", ("phase", "connections")), lambda r: run_flood(cfg, r))
+    if args.json:
+        _print_json(result)
+        return 0
+    from rich.table import Table
+
+    table = Table(title="gpuremote bench flood")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for k, v in result.items():
+        if k not in ("bench", "rounds"):
+            table.add_row(k, f"{v:,.2f}" if isinstance(v, float) else str(v))
+    Console().print(table)
     return 0
 
 

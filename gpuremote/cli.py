@@ -284,9 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--inline-us",
         type=float,
-        default=500.0,
+        default=1000.0,
         help="a batch estimated to take less runs on the event loop when its session has "
-        "nothing in flight; everything else runs on a worker thread (default 500)",
+        "nothing in flight; everything else runs on a worker thread (default 1000)",
     )
     s.add_argument(
         "--max-device-bytes", type=int, default=None, help="per-session device memory limit"

@@ -32,7 +32,7 @@ from .protocol import encode_fatal, encode_notice
 from .proxysession import ProxySession
 from .transports import Address, Connection, Listener, listen
 
-__all__ = ["Proxy", "serve"]
+__all__ = ["Proxy", "Service", "raise_open_files_limit", "serve"]
 
 log = logging.getLogger("gpuremote.proxy")
 
@@ -59,7 +59,7 @@ class Proxy:
         admin_token: str | None = None,
         secret: bytes | None = None,
         workers: int = 16,
-        inline_us: float = 500.0,
+        inline_us: float = 1000.0,
         max_clients: int | None = None,
         handshake_timeout_s: float | None = 5.0,
     ) -> None:
@@ -73,6 +73,7 @@ class Proxy:
         self.inline_us = inline_us
         self.max_clients = max_clients
         self.handshake_timeout_s = handshake_timeout_s
+        self._peak_clients = 0  # the most sessions at once since the heap was last trimmed
         self.refused_connections = 0  # turned away: max_clients reached
         self.handshake_timeouts = 0  # closed: no handshake within handshake_timeout_s
         self.listeners: list[Listener] = []
@@ -130,6 +131,7 @@ class Proxy:
             on_handshake_timeout=timed_out,
         )
         self.clients[sid] = session
+        self._peak_clients = max(self._peak_clients, len(self.clients))
         self.sessions_served += 1
         log.info("session %d: client %s connected", sid, conn.peer)
         reason = "proxy shutting down"
@@ -137,8 +139,13 @@ class Proxy:
             reason = await session.run()
         finally:
             self.clients.pop(sid, None)
-            if not self.clients:
-                _release_free_memory()  # idle: hand freed heap back to the OS
+            if len(self.clients) <= self._peak_clients // 2:
+                # idle, or half the sessions gone (a flood closed by the handshake deadline):
+                # hand the freed heap back to the OS
+                if self._peak_clients - len(self.clients) >= 64:
+                    gc.collect()  # sessions end in reference cycles; many just went
+                self._peak_clients = len(self.clients)
+                _release_free_memory()
             _log_end(session, reason)
 
     def _admin(self, token: str) -> dict[str, Any]:
@@ -258,6 +265,20 @@ def _log_end(session: ProxySession, reason: str) -> None:
     )
 
 
+def raise_open_files_limit(needed: int | None = None) -> None:
+    """Raise this process's soft limit on open files to ``needed`` (default: the hard limit):
+    a proxy holds a descriptor per client."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if needed is None else needed
+    if hard != resource.RLIM_INFINITY:
+        want = min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
 def _release_free_memory() -> None:
     """glibc's malloc_trim: return free heap pages to the OS (a no-op elsewhere)."""
     global _malloc_trim
@@ -297,7 +318,7 @@ async def serve(
     secret: bytes | None = None,
     drain_s: float = 2.0,
     limits: FrameLimits = FrameLimits(),
-    inline_us: float = 500.0,
+    inline_us: float = 1000.0,
     max_clients: int | None = None,
     handshake_timeout_s: float | None = 5.0,
 ) -> None:
@@ -314,6 +335,7 @@ async def serve(
         max_clients=max_clients,
         handshake_timeout_s=handshake_timeout_s,
     )
+    raise_open_files_limit()
     bound = [await proxy.start(u) for u in urls]
     tune_gc()
     if metrics is not None:

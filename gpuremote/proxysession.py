@@ -56,7 +56,7 @@ class ProxySession:
         sid: int = 0,
         limits: FrameLimits = FrameLimits(),
         secret: bytes | None = None,
-        inline_us: float = 500.0,
+        inline_us: float = 1000.0,
         handshake_timeout_s: float | None = None,
         on_handshake_timeout: Callable[[ProxySession], None] | None = None,
     ) -> None:
