@@ -82,6 +82,9 @@ class Device:
         self._first_post = 0.0  # when the oldest post not yet sent was made
         self._error: BaseException | None = None
         self.closed = False
+        #: the connection to the proxy was lost (a call raised ``ConnectionClosed``): the
+        #: default device then connects anew at its next use
+        self.lost = False
         self._proxy: Any = None
         self._helper = threading.Thread(target=self._help, name="gpuremote-xp", daemon=True)
         self._helper.start()
@@ -216,6 +219,15 @@ class Device:
         """A SYNC call: sends everything posted before it, then waits for its reply."""
         if self.closed:
             raise ConnectionClosed(f"the device {self.url} is closed")
+        try:
+            return self._call_now(spec, args, buffer)
+        except ConnectionClosed:
+            self.lost = True  # the default device is replaced at its next use
+            raise
+
+    def _call_now(
+        self, spec: CallSpec, args: list[Any], buffer: memoryview | None
+    ) -> tuple[Any, list[memoryview]]:
         if (
             self._driver is None
             and self.session.plain_wait()
@@ -397,8 +409,13 @@ def set_default_device(device: Device | None) -> None:
 
 
 def default_device() -> Device:
-    """The default device; connects to the configured proxy URL on first use."""
+    """The default device; connects to the configured proxy URL on first use, and again
+    after the connection was lost (the call that found it lost raised ``ConnectionClosed``)."""
     global _DEFAULT
+    if _DEFAULT is not None and _DEFAULT.lost and not _DEFAULT.closed:
+        with contextlib.suppress(Exception):
+            _DEFAULT.close()
+        _DEFAULT = None
     if _DEFAULT is None or _DEFAULT.closed:
         _DEFAULT = Device()
     return _DEFAULT
