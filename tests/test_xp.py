@@ -917,3 +917,79 @@ def test_lazy_default_device_from_the_configured_url() -> None:
         )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["3.0", proxy.url]
+
+
+# -- what the standard's own suite found (tests/test_conformance.py runs it) -------------------
+def test_integer_arrays_mixed_with_integers_in_one_index(dev: Device) -> None:
+    host = np.arange(24, dtype=np.int32).reshape(2, 3, 4)
+    x = xp.asarray(host, device=dev)
+    idx = np.array([[0, 1], [1, 1]])
+    for key in ((1, idx), (idx, 1), (1, idx, np.array([3, 0]))):
+        remote = tuple(xp.asarray(k, device=dev) if isinstance(k, np.ndarray) else k for k in key)
+        np.testing.assert_array_equal(np.asarray(x[remote]), host[key])
+    with pytest.raises(IndexError):
+        x[1, xp.asarray(idx, device=dev), 0, 0]  # more indices than dimensions
+
+
+def test_boolean_masks_that_do_not_fit_raise_index_error(dev: Device) -> None:
+    x = xp.asarray(np.arange(6.0).reshape(2, 3), device=dev)
+    with pytest.raises(IndexError):
+        x[xp.asarray(np.ones(3, bool), device=dev)]  # (3,) against a first axis of 2
+    with pytest.raises(IndexError):
+        xp.asarray(5.0, device=dev)[xp.asarray(np.ones(1, bool), device=dev)]  # 1-d on 0-d
+    empty = x[xp.asarray(np.ones((2, 0), bool), device=dev)]  # a zero-length mask axis
+    assert empty.shape == (0,)
+    zero_d = xp.asarray(5.0, device=dev)
+    assert zero_d[xp.asarray(True, device=dev)].shape == (1,)
+    assert zero_d[xp.asarray(False, device=dev)].shape == (0,)
+
+
+def test_expand_dims_out_of_range_is_an_index_error(dev: Device) -> None:
+    x = xp.ones((2, 3), device=dev)
+    assert xp.expand_dims(x, axis=2).shape == (2, 3, 1)
+    assert xp.expand_dims(x, axis=-3).shape == (1, 2, 3)
+    for axis in (3, -4):
+        with pytest.raises(IndexError):
+            xp.expand_dims(x, axis=axis)
+
+
+def test_finfo_fields_are_python_numbers() -> None:
+    for dt in (xp.float32, xp.float64, xp.complex64):
+        fi = xp.finfo(dt)
+        assert type(fi.bits) is int
+        for v in (fi.eps, fi.max, fi.min, fi.smallest_normal):
+            assert type(v) is float
+    assert xp.finfo(xp.complex64).dtype == xp.float32
+
+
+def test_pinv_and_matrix_rank_take_an_array_rtol(dev: Device) -> None:
+    rng = np.random.default_rng(0)
+    host = rng.standard_normal((3, 4, 4))
+    host[0, :, 0] = host[0, :, 1]  # rank 3
+    x = xp.asarray(host, device=dev)
+    rtol = np.array([1e-8, 1e-8, 0.9])
+    ranks = xp.linalg.matrix_rank(x, rtol=xp.asarray(rtol, device=dev))
+    np.testing.assert_array_equal(np.asarray(ranks), np.linalg.matrix_rank(host, rtol=rtol))
+    pinv = xp.linalg.pinv(x, rtol=xp.asarray(rtol, device=dev))
+    np.testing.assert_allclose(np.asarray(pinv), np.linalg.pinv(host, rtol=rtol), atol=1e-10)
+    with pytest.raises(ValueError):
+        xp.linalg.pinv(x, rtol=xp.asarray(np.ones(5), device=dev))  # not the stack's shape
+
+
+def test_cross_broadcasts_arrays_of_different_ranks(dev: Device) -> None:
+    a = np.arange(6.0).reshape(2, 3)
+    b = np.array([1.0, -2.0, 0.5])
+    got = xp.linalg.cross(xp.asarray(a, device=dev), xp.asarray(b, device=dev))
+    np.testing.assert_allclose(np.asarray(got), np.cross(a, b))
+    with pytest.raises(ValueError):
+        xp.linalg.cross(xp.asarray(a, device=dev), xp.asarray(b, device=dev), axis=0)
+
+
+def test_dlpack_takes_the_standards_keywords(dev: Device) -> None:
+    import inspect
+
+    params = inspect.signature(xp.Array.__dlpack__).parameters
+    assert [p for p in params if p != "self"] == ["stream", "max_version", "dl_device", "copy"]
+    x = xp.asarray(np.arange(4.0), device=dev)
+    for copy in (None, True, False):
+        np.testing.assert_array_equal(np.from_dlpack(x, copy=copy), np.arange(4.0))

@@ -156,6 +156,48 @@ def _getitem_int_meta(ins: Sequence[Meta], params: Params) -> list[Meta]:
 OPS.add("getitem_int", (2, 2), _getitem_int_meta, lambda ns, ins, p: ins[0][ins[1]])
 
 
+def _arrays_key(params: Params, nidx: int, shape: Shape) -> tuple[list[int], list[int]]:
+    """The ``ints`` (one per indexed axis) and ``arrays_at`` (the axes indexed by an array)
+    params of ``getitem_arrays``, checked."""
+    ints, at = params.get("ints"), params.get("arrays_at")
+    if type(ints) is not list or type(at) is not list or not ints or len(ints) > len(shape):
+        raise OpError("getitem_arrays needs ints (one per indexed axis) and arrays_at")
+    if sorted(set(at)) != at or len(at) != nidx or any(not 0 <= a < len(ints) for a in at):
+        raise OpError("getitem_arrays: arrays_at must be the sorted axes of the index arrays")
+    for axis, i in enumerate(ints):
+        if axis not in at and not -shape[axis] <= i < shape[axis]:
+            raise OpError(f"index {i} is out of bounds for a dimension of {shape[axis]}")
+    return ints, at
+
+
+def _getitem_arrays_meta(ins: Sequence[Meta], params: Params) -> list[Meta]:
+    (shape, dt), *idx = ins
+    ints, _ = _arrays_key(params, len(idx), shape)
+    for _, d in idx:
+        if d.kind not in "iu":
+            raise OpTypeError(f"an integer array index needs integer indices, got {d}")
+    return [((*broadcast([s for s, _ in idx]), *shape[len(ints) :]), dt)]
+
+
+def _getitem_arrays_call(ns: Any, ins: Sequence[Any], params: Params) -> Any:
+    x, *idx = ins
+    ints, at = params["ints"], params["arrays_at"]
+    arrays = iter(idx)
+    key = tuple(next(arrays) if axis in at else i for axis, i in enumerate(ints))
+    return x[key]
+
+
+# integers and integer arrays, one per leading axis (the standard's integer array indexing):
+# the ints act as 0-d arrays, broadcast with the arrays
+OPS.add(
+    "getitem_arrays",
+    (2, 33),
+    _getitem_arrays_meta,
+    _getitem_arrays_call,
+    ("ints", "arrays_at"),
+)
+
+
 def _setitem_meta(ins: Sequence[Meta], params: Params) -> list[Meta]:
     (shape, dt), *rest = ins
     if params.get("mask"):

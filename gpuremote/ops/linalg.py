@@ -17,7 +17,6 @@ from ._base import (
     broadcast,
     check,
     namespace,
-    one_axis,
     promote,
     real_of,
     write,
@@ -157,8 +156,12 @@ def _linalg_meta(name: str) -> Callable[[Sequence[Meta], Params], list[Meta]]:
     """Output metadata of the ``linalg`` functions of one input."""
 
     def meta(ins: Sequence[Meta], params: Params) -> list[Meta]:
-        (shape, dt), *_ = ins
+        (shape, dt), *rtol = ins
         real = real_of(dt)
+        for rs, rd in rtol:  # pinv, matrix_rank: an array rtol, one per matrix of the stack
+            check(name, rd, "real floating-point")
+            if len(shape) < 2 or broadcast([rs, shape[:-2]]) != shape[:-2]:
+                raise OpError(f"{name}: rtol of shape {rs} does not fit a stack of {shape}")
         if name in ("cholesky", "det", "eigh", "eigvalsh", "inv", "slogdet"):
             check(name, dt, "floating-point")
             _square_stack(name, shape)
@@ -212,6 +215,8 @@ def _linalg_call(name: str) -> Callable[[Any, Sequence[Any], Params], Any]:
             kw["mode"] = params.get("mode", "reduced")
         elif name == "svd":
             kw["full_matrices"] = bool(params.get("full_matrices", True))
+        elif name in ("pinv", "matrix_rank") and len(ins) == 2:
+            kw["rtol"] = ins[1]
         elif name in ("pinv", "matrix_rank") and "rtol" in params:
             kw["rtol"] = params["rtol"]
         elif name == "matrix_norm":
@@ -239,7 +244,7 @@ for _name in (
 ):
     OPS.add(
         f"linalg.{_name}",
-        (1, 1),
+        (1, 2) if _name in ("pinv", "matrix_rank") else (1, 1),  # rtol may be an array
         _linalg_meta(_name),
         _linalg_call(_name),
         ("upper", "mode", "full_matrices", "rtol", "keepdims", "ord"),
@@ -288,9 +293,10 @@ def _cross_meta(ins: Sequence[Meta], params: Params) -> list[Meta]:
     check("cross", d1, "numeric")
     check("cross", d2, "numeric")
     axis = params.get("axis", -1)
-    if type(axis) is not int or len(s1) != len(s2):
-        raise OpError("cross needs arrays of one rank and an int axis")
-    ax = one_axis("cross", axis, len(s1))
+    n = min(len(s1), len(s2))
+    if type(axis) is not int or not n or not -n <= axis < (n if len(s1) == len(s2) else 0):
+        raise OpError(f"cross: axis {axis!r} is out of range for shapes {s1} and {s2}")
+    ax = axis if axis < 0 else axis - len(s1)  # counted from the end, where they broadcast
     if s1[ax] != 3 or s2[ax] != 3:
         raise OpError("cross needs dimension 3 along axis")
     return [(broadcast([s1, s2]), promote(d1, d2))]

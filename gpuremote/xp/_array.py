@@ -126,9 +126,21 @@ class Array(ArrayMetadata):
             return self
         return device.upload(self._device.fetch(self))
 
-    def __dlpack__(self, **kwargs: Any) -> Any:
-        """Export to the host (the data is downloaded; DLPack consumers get host memory)."""
+    def __dlpack__(
+        self,
+        /,
+        *,
+        stream: Any = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any:
+        """Export to the host: the data is downloaded once, and DLPack consumers get that host
+        memory (``copy`` applies to it: ``False`` shares it, ``True`` copies it again)."""
         host = self._device.fetch(self)
+        kwargs = {"stream": stream, "max_version": max_version, "dl_device": dl_device}
+        if copy is not None:
+            kwargs["copy"] = copy
         return host.__dlpack__(**{k: v for k, v in kwargs.items() if v is not None})
 
     def __dlpack_device__(self) -> tuple[int, int]:
@@ -164,10 +176,46 @@ class Array(ArrayMetadata):
     def __getitem__(self, key: Any) -> Array:
         if isinstance(key, Array):
             if key.dtype.kind == "b":
-                return self._device.launch_dynamic("getitem_mask", [self, key], {}, 1)[0]
+                return self._getitem_mask(key)
             return self._device.launch("getitem_int", [self, key], {})[0]
+        if isinstance(key, tuple) and any(isinstance(k, Array) for k in key):
+            return self._getitem_arrays(key)
         flat, _ = encode_index(key, self.shape)
         return self._device.launch("getitem", [self], {"index": flat})[0]
+
+    def _getitem_mask(self, key: Array) -> Array:
+        """``x[mask]``: the elements where a boolean array is true (a data-dependent shape)."""
+        if key.ndim > self.ndim or not all(
+            k in (s, 0) for s, k in zip(self.shape, key.shape, strict=False)
+        ):
+            raise IndexError(
+                f"a boolean index of shape {key.shape} does not fit an array of {self.shape}"
+            )
+        if 0 in key.shape:  # selects nothing: no round trip
+            return self._device.empty((0, *self.shape[key.ndim :]), self.dtype)
+        return self._device.launch_dynamic("getitem_mask", [self, key], {}, 1)[0]
+
+    def _getitem_arrays(self, key: tuple[Any, ...]) -> Array:
+        """``x[i, idx, ...]``: integers and integer arrays, one per leading axis."""
+        if len(key) > self.ndim:
+            raise IndexError(f"too many indices ({len(key)}) for an array of {self.ndim} dims")
+        ints: list[int] = []
+        at: list[int] = []
+        arrays: list[Array] = []
+        for axis, k in enumerate(key):
+            if isinstance(k, Array):
+                at.append(axis)
+                arrays.append(k)
+                ints.append(0)
+            elif isinstance(k, bool | np.bool_) or not hasattr(k, "__index__"):
+                raise IndexError(
+                    f"unsupported index {k!r} beside an integer array: use ints and arrays"
+                )
+            else:
+                ints.append(operator.index(k))
+        return self._device.launch(
+            "getitem_arrays", [self, *arrays], {"ints": ints, "arrays_at": at}
+        )[0]
 
     def __setitem__(self, key: Any, value: Any) -> None:
         dev = self._device

@@ -343,9 +343,28 @@ def can_cast(from_: Any, to: Any, /) -> builtins.bool:
     return builtins.bool(np.result_type(a, b) == b)
 
 
-def finfo(type: Any, /) -> Any:
+class finfo_object(NamedTuple):
+    """Machine limits of a floating-point dtype, as Python numbers."""
+
+    bits: int
+    eps: float
+    max: float
+    min: float
+    smallest_normal: float
+    dtype: np.dtype[Any]
+
+
+def finfo(type: Any, /) -> finfo_object:
     """Machine limits of a floating-point dtype (local)."""
-    return np.finfo(_as_dtype(type))
+    fi = np.finfo(_as_dtype(type))
+    return finfo_object(
+        int(fi.bits),
+        float(fi.eps),
+        float(fi.max),
+        float(fi.min),
+        float(fi.smallest_normal),
+        np.dtype(fi.dtype),
+    )
 
 
 def iinfo(type: Any, /) -> Any:
@@ -418,6 +437,8 @@ def stack(arrays: Sequence[Array], /, *, axis: int = 0) -> Array:
 
 def expand_dims(x: Array, /, axis: int = 0) -> Array:
     """``x`` with a new axis of length one at ``axis``."""
+    if type(axis) is int and not -x.ndim - 1 <= axis <= x.ndim:
+        raise IndexError(f"expand_dims: axis {axis} is out of range for {x.ndim} dimensions")
     return _one("expand_dims", x, axis=axis)
 
 

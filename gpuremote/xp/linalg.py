@@ -112,10 +112,18 @@ def matrix_power(x: Array, n: int, /) -> Array:
     return _run("matrix_power", [x], n=n)[0]
 
 
-def matrix_rank(x: Array, /, *, rtol: float | None = None) -> Array:
+def _with_rtol(x: Array, rtol: float | Array | None) -> tuple[list[Array], dict[str, Any]]:
+    if rtol is None:
+        return [x], {}
+    if isinstance(rtol, Array):
+        return [x, rtol], {}  # one per matrix of the stack
+    return [x], {"rtol": float(rtol)}
+
+
+def matrix_rank(x: Array, /, *, rtol: float | Array | None = None) -> Array:
     """The rank (singular values above ``rtol`` times the largest)."""
-    params = {} if rtol is None else {"rtol": float(rtol)}
-    return _run("matrix_rank", [x], **params)[0]
+    arrays, params = _with_rtol(x, rtol)
+    return _run("matrix_rank", arrays, **params)[0]
 
 
 def outer(x1: Array, x2: Array, /) -> Array:
@@ -123,10 +131,10 @@ def outer(x1: Array, x2: Array, /) -> Array:
     return _run("outer", [x1, x2])[0]
 
 
-def pinv(x: Array, /, *, rtol: float | None = None) -> Array:
+def pinv(x: Array, /, *, rtol: float | Array | None = None) -> Array:
     """The Moore-Penrose pseudo-inverse."""
-    params = {} if rtol is None else {"rtol": float(rtol)}
-    return _run("pinv", [x], **params)[0]
+    arrays, params = _with_rtol(x, rtol)
+    return _run("pinv", arrays, **params)[0]
 
 
 def qr(x: Array, /, *, mode: str = "reduced") -> QRResult:
