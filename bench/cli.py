@@ -99,6 +99,13 @@ def add_bench_parser(sub: Any) -> None:
     lo.add_argument(
         "--sync-every", type=int, default=100, help="a verifying read-back every this many calls"
     )
+    lo.add_argument("--procs", type=int, default=1, help="processes the clients are spread over")
+    lo.add_argument(
+        "--light-period-ms",
+        type=float,
+        default=10.0,
+        help="a light client's synchronous op every this often, beside the others (0: none)",
+    )
     lo.set_defaults(func=_load)
 
     fz = bs.add_parser("fuzz", help="a long hostile-input run against a live proxy")
@@ -410,6 +417,8 @@ def _load(args: argparse.Namespace) -> int:
         clients=args.clients,
         ops=args.ops,
         sync_every=args.sync_every,
+        procs=args.procs,
+        light_period_ms=args.light_period_ms,
     )
 
     view = _status("gpuremote bench load", ("finished", "clients"))
@@ -417,13 +426,16 @@ def _load(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(result)
         return 0 if result["errors"] == 0 else 1
-    mem = result["proxy_rss_mb"]
+    mem, light = result["proxy_rss_mb"], result["light_client"]
     row = (
         f"{result['calls_per_s']:,.0f}",
         f"{result['sync_latency_us']['p50']:,.0f}",
         f"{result['p99_us']:,.0f}",
         str(result["errors"]),
         f"{result['verified']}/{result['clients']}",
+        _spread(result["per_client_calls_per_s"]),
+        "-" if light["p99_us"] is None else f"{light['p50_us']:,.0f} / {light['p99_us']:,.0f}",
+        "-" if result["proxy_cpu_s"] is None else f"{result['proxy_cpu_s']:.1f}",
         "-" if mem["before"] is None else f"{mem['before']:.1f}",
         "-" if mem["after"] is None else f"{mem['after']:.1f}",
     )
@@ -433,17 +445,26 @@ def _load(args: argparse.Namespace) -> int:
         "sync p99 µs",
         "errors",
         "verified",
+        "per client calls/s min/med/max",
+        "light p50/p99 µs",
+        "proxy CPU s",
         "proxy MB before",
         "proxy MB after",
     )
     title = (
         f"gpuremote bench load: {result['clients']} clients x {result['ops']} calls "
-        f"over {result['url']}"
+        f"in {result['procs']} process(es) over {result['url']}"
     )
     Console().print(result_table(title, columns, [row]))
     for msg in result["error_messages"]:
         Console().print(f"error: {msg}", style="red")
     return 0 if result["errors"] == 0 else 1
+
+
+def _spread(rates: dict[str, Any]) -> str:
+    if rates["min"] is None:
+        return "-"
+    return f"{rates['min']:,.0f} / {rates['median']:,.0f} / {rates['max']:,.0f}"
 
 
 def _fuzz(args: argparse.Namespace) -> int:

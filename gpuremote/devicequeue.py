@@ -110,13 +110,23 @@ class DeviceQueue:
         self._idle: asyncio.Future[None] | None = None
         self._closed = False
 
+    def estimate(self, commands: Sequence[Command | BadCommandAt]) -> float:
+        """``estimate_ns`` of ``commands`` on this queue's backend."""
+        return estimate_ns(commands, self._queues_work)
+
     def submit(
-        self, commands: Sequence[Command | BadCommandAt], buffers: Sequence[memoryview]
+        self,
+        commands: Sequence[Command | BadCommandAt],
+        buffers: Sequence[memoryview],
+        cost_ns: float | None = None,
     ) -> None:
-        """Run one batch (inline, or queued behind the batches in flight)."""
+        """Run one batch (inline, or queued behind the batches in flight); ``cost_ns`` is its
+        ``estimate`` if the caller has it already."""
         if self._closed:
             return
-        if self.in_flight == 0 and estimate_ns(commands, self._queues_work) <= self._inline_ns:
+        if cost_ns is None:
+            cost_ns = estimate_ns(commands, self._queues_work)
+        if self.in_flight == 0 and cost_ns <= self._inline_ns:
             self.ran_inline += 1
             self._deliver(self._run(commands, buffers))
             return

@@ -30,6 +30,7 @@ from .framing import FrameLimits
 from .monitor import totals
 from .protocol import encode_fatal, encode_notice
 from .proxysession import ProxySession
+from .scheduler import FairScheduler
 from .transports import Address, Connection, Listener, listen
 
 __all__ = ["Proxy", "Service", "raise_open_files_limit", "serve"]
@@ -73,6 +74,7 @@ class Proxy:
         self.inline_us = inline_us
         self.max_clients = max_clients
         self.handshake_timeout_s = handshake_timeout_s
+        self._scheduler: FairScheduler | None = None  # made on the loop, at the first client
         self._peak_clients = 0  # the most sessions at once since the heap was last trimmed
         self.refused_connections = 0  # turned away: max_clients reached
         self.handshake_timeouts = 0  # closed: no handshake within handshake_timeout_s
@@ -119,10 +121,13 @@ class Proxy:
         def timed_out(session: ProxySession) -> None:
             self.handshake_timeouts += 1
 
+        if self._scheduler is None:
+            self._scheduler = FairScheduler()
         session = ProxySession(
             conn,
             make_executor,
             self._pool,
+            scheduler=self._scheduler,
             sid=sid,
             limits=self.limits,
             secret=self.secret,

@@ -25,6 +25,7 @@ from .executor import PROTOCOL_VERSION, Executor
 from .framing import Frame, FrameLimits
 from .monitor import SessionFigures
 from .protocol import (
+    BadCommandAt,
     Command,
     decode_message,
     decode_request,
@@ -33,6 +34,7 @@ from .protocol import (
     encode_replies,
     request_local_calls,
 )
+from .scheduler import FairScheduler
 from .transports import Connection
 
 __all__ = ["MAX_BATCHES_IN_FLIGHT", "ProxySession"]
@@ -59,6 +61,7 @@ class ProxySession:
         inline_us: float = 1000.0,
         handshake_timeout_s: float | None = None,
         on_handshake_timeout: Callable[[ProxySession], None] | None = None,
+        scheduler: FairScheduler | None = None,
     ) -> None:
         self.conn = conn
         self.sid = sid
@@ -69,6 +72,8 @@ class ProxySession:
         self._pool = pool
         self._inline_us = inline_us
         self._queue: DeviceQueue | None = None
+        self._scheduler = scheduler  # fair order among sessions (None: run as they come)
+        self._waiting = 0  # batches waiting in the scheduler for their turn
         self.figures = SessionFigures(self.sid, conn.peer)
         self.limits = limits
         self.task: asyncio.Task[Any] | None = None
@@ -138,6 +143,8 @@ class ProxySession:
 
     async def _close(self) -> None:
         self.conn.close()
+        if self._scheduler is not None:
+            self._scheduler.forget(self.sid)
         if self._deadline is not None:
             self._deadline.cancel()
         if self._drainer is not None:
@@ -212,9 +219,30 @@ class ProxySession:
         if local is not None:
             fig.local_calls = local
         self._frame_started.append(t0)
-        self.queue.submit(commands, frame.buffers)
-        if self.queue.in_flight >= MAX_BATCHES_IN_FLIGHT:
+        queue = self.queue
+        if self._scheduler is None:
+            queue.submit(commands, frame.buffers)
+        else:
+            cost = queue.estimate(commands)
+            buffers = frame.buffers
+            self._waiting += 1
+            self._scheduler.run(self.sid, cost, lambda: self._run_batch(commands, buffers, cost))
+        if queue.in_flight + self._waiting >= MAX_BATCHES_IN_FLIGHT:
             self._pause()  # the device is behind: take no more until it catches up
+
+    def _run_batch(
+        self, commands: list[Command | BadCommandAt], buffers: list[memoryview], cost: float
+    ) -> None:
+        """The scheduler's turn for one batch."""
+        self._waiting -= 1
+        if self._ended.done():
+            return
+        try:
+            self.queue.submit(commands, buffers, cost)
+        except Exception as exc:
+            self._internal_error(exc)
+            return
+        self._maybe_resume()
 
     def deliver(self, result: Result | BaseException) -> None:
         """A batch's result (on the loop, in order): send its replies."""
@@ -259,7 +287,7 @@ class ProxySession:
         if (
             self._reading_paused
             and self._drainer is None
-            and self.queue.in_flight < MAX_BATCHES_IN_FLIGHT
+            and self.queue.in_flight + self._waiting < MAX_BATCHES_IN_FLIGHT
             and not self._refused
             and not self.conn.closed
         ):

@@ -284,3 +284,34 @@ def test_tls_settings_come_from_the_caller(tmp_path: Path, monkeypatch: pytest.M
     from gpuremote.config import transport_settings
 
     assert transport_settings("tls") == {"cert": "/from/the/config/file.pem"}
+
+
+# -- fair order among sessions --------------------------------------------------------------
+async def test_competing_sessions_run_in_fair_order() -> None:
+    from gpuremote.scheduler import FairScheduler
+
+    sched = FairScheduler(slice_s=1.0)
+    ran: list[str] = []
+    assert sched.run("heavy", 1e6, lambda: ran.append("heavy-0"))  # alone: at once
+    assert not sched.run("other", 1e6, lambda: ran.append("other"))  # competition: queued
+    for i in range(1, 6):  # heavy goes on sending 1 ms batches ...
+        assert not sched.run("heavy", 1e6, lambda i=i: ran.append(f"heavy-{i}"))
+    assert not sched.run("light", 1e4, lambda: ran.append("light"))  # ... then a small op
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    # the light op, queued last, runs before heavy's queued batches (first come, first
+    # served would run it last); each session's batches stay in their order
+    assert ran == ["heavy-0", "other", "light", *(f"heavy-{i}" for i in range(1, 6))]
+    assert sched.waiting == 0
+
+
+def test_bench_load_spreads_clients_over_processes(cli_json: Any) -> None:
+    out = cli_json(
+        "bench", "load", "--backend", "numpy", "--clients", "6", "--procs", "2",
+        "--ops", "300", "--sync-every", "50",
+    )  # fmt: skip
+    assert out["errors"] == 0 and out["verified"] == 6 and out["procs"] == 2
+    rates = out["per_client_calls_per_s"]
+    assert 0 < rates["min"] <= rates["median"] <= rates["max"]
+    assert out["light_client"]["ops"] > 0 and out["light_client"]["p99_us"] > 0
+    assert out["proxy_cpu_s"] > 0

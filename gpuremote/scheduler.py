@@ -1,0 +1,92 @@
+"""Fair order among sessions on the proxy's event loop.
+
+A batch runs at once when no other session competes (the common case of one busy client:
+no extra loop iteration on the hot path). When several sessions have batches ready, they wait
+here and run in fair-queueing order: each session has a virtual time that advances by the
+estimated cost of its batches, the batch with the smallest virtual time runs first, and a
+session that was idle starts at the current virtual time (no credit saved up). The runner
+yields to the loop every ``slice_s`` so that new frames are read meanwhile. So a session doing
+one small synchronous op waits for about one other batch, not for every other session's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from collections.abc import Callable, Hashable
+
+__all__ = ["FairScheduler"]
+
+#: the most a batch counts for in virtual time (work sent to a worker costs the loop little)
+_MAX_COST_NS = 10e6
+
+
+class FairScheduler:
+    """Runs ``fn`` of ``run(key, cost_ns, fn)`` in fair order among keys (sessions)."""
+
+    def __init__(self, *, slice_s: float = 0.002, contention_s: float = 0.002) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._slice_s = slice_s
+        self._contention_s = contention_s
+        self._heap: list[tuple[float, int, Hashable, Callable[[], None]]] = []
+        self._vtime: dict[Hashable, float] = {}
+        self._now_v = 0.0  # virtual time of the batch that ran last
+        self._seq = itertools.count()
+        self._last_key: Hashable | None = None
+        self._last_t = 0.0
+        self._scheduled = False
+        self.deferred = 0  # batches that waited for their turn
+
+    def run(self, key: Hashable, cost_ns: float, fn: Callable[[], None]) -> bool:
+        """Run ``fn`` now, or queue it behind fairer ones; True if it ran now."""
+        cost = min(cost_ns, _MAX_COST_NS)
+        v = max(self._vtime.get(key, 0.0), self._now_v)
+        self._vtime[key] = v + cost
+        now = time.perf_counter()
+        if not self._heap and (
+            self._last_key is None
+            or self._last_key == key
+            or now - self._last_t > self._contention_s
+        ):
+            self._now_v = v
+            self._last_key, self._last_t = key, now
+            fn()
+            return True
+        self.deferred += 1
+        heapq.heappush(self._heap, (v, next(self._seq), key, fn))
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self._runner)
+        return False
+
+    def _runner(self) -> None:
+        heap = self._heap
+        deadline = time.perf_counter() + self._slice_s
+        try:
+            while heap:
+                v, _, key, fn = heapq.heappop(heap)
+                self._now_v = v
+                self._last_key = key
+                try:
+                    fn()
+                finally:
+                    self._last_t = time.perf_counter()
+                if self._last_t > deadline:
+                    break
+        finally:
+            if heap:
+                self._loop.call_soon(self._runner)  # read the sockets, then go on
+            else:
+                self._scheduled = False
+
+    def forget(self, key: Hashable) -> None:
+        """A session ended: drop its virtual time (its queued batches were run or dropped)."""
+        self._vtime.pop(key, None)
+        if self._last_key == key:
+            self._last_key = None
+
+    @property
+    def waiting(self) -> int:
+        return len(self._heap)
