@@ -315,3 +315,35 @@ def test_bench_load_spreads_clients_over_processes(cli_json: Any) -> None:
     assert 0 < rates["min"] <= rates["median"] <= rates["max"]
     assert out["light_client"]["ops"] > 0 and out["light_client"]["p99_us"] > 0
     assert out["proxy_cpu_s"] > 0
+
+
+async def test_a_cheap_batch_waits_for_the_heavy_one_before_it() -> None:
+    """Order within a session holds across the inline and worker paths: a cheap batch that
+    follows one sent to the worker runs after it, never inline before it."""
+    proxy = Proxy("numpy")
+    url = await proxy.start("tcp://127.0.0.1:0")
+    try:
+        async with gpuremote.connect(url) as gpu:
+            rng = np.random.default_rng(3)
+            host = rng.standard_normal((600, 600)).astype(np.float32)
+            a = gpu.asarray(host)
+            await gpu.synchronize()
+            c = a @ a  # ~0.2 GFLOP: estimated well over the inline budget, so on a worker
+            await gpu.flush()  # its own frame
+            d = c + 1.0  # a cheap frame right behind it, reading c
+            got = await d.get()
+            np.testing.assert_allclose(got, host @ host + 1.0, rtol=1e-4, atol=1e-3)
+            (session,) = proxy.clients.values()
+            assert session.queue.ran_off_loop >= 1
+    finally:
+        await proxy.close()
+
+
+def test_serve_takes_the_simulated_backend(cli: Any) -> None:
+    import json as _json
+
+    out = cli("bench", "tenants", "--backend", "sim:op_us=100", "--seconds", "0.5",
+              "--n", "64", "--matmuls", "2", "--json")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    result = _json.loads(out.stdout)
+    assert result["backend"] == "sim" and result["light_alone"]["p50_ms"] > 0
