@@ -18,7 +18,23 @@ from gpuremote.proxy import Proxy
 _names = itertools.count()
 
 
-@pytest.fixture(params=["inproc", "tcp"])
+def _ucx_missing() -> str | None:
+    try:
+        import ucxx  # noqa: F401
+    except Exception as exc:  # not installed, or its libraries cannot load
+        return f"ucx:// needs the [ucx] extra: {type(exc).__name__}: {exc}"
+    return None
+
+
+_NO_UCX = _ucx_missing()
+SCHEMES = [
+    "inproc",
+    "tcp",
+    pytest.param("ucx", marks=pytest.mark.skipif(_NO_UCX is not None, reason=str(_NO_UCX))),
+]
+
+
+@pytest.fixture(params=SCHEMES)
 def scheme(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -26,7 +42,7 @@ def scheme(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 async def proxy(scheme: str) -> AsyncIterator[tuple[Proxy, str]]:
     p = Proxy("numpy")
-    url = f"inproc://test-{next(_names)}" if scheme == "inproc" else "tcp://127.0.0.1:0"
+    url = f"inproc://test-{next(_names)}" if scheme == "inproc" else f"{scheme}://127.0.0.1:0"
     bound = await p.start(url)
     try:
         yield p, bound

@@ -4,6 +4,7 @@ tcp://; errors the standard prescribes are raised by both."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import warnings
 from collections.abc import Callable, Iterator
@@ -37,9 +38,17 @@ EXAMPLES = settings(
 )
 
 
-@pytest.fixture(scope="module", params=["inproc", "tcp"])
+_NO_UCX = importlib.util.find_spec("ucxx") is None
+SCHEMES = [
+    "inproc",
+    "tcp",
+    pytest.param("ucx", marks=pytest.mark.skipif(_NO_UCX, reason="ucx:// needs the [ucx] extra")),
+]
+
+
+@pytest.fixture(scope="module", params=SCHEMES)
 def dev(request: pytest.FixtureRequest) -> Iterator[Device]:
-    url = "tcp://127.0.0.1:0" if request.param == "tcp" else None
+    url = None if request.param == "inproc" else f"{request.param}://127.0.0.1:0"
     with Device(url, serve="numpy") as device:
         xp.set_default_device(device)
         yield device

@@ -33,6 +33,7 @@ REGISTRY: dict[str, tuple[str, str, str | None]] = {
     "tcp": ("gpuremote.transports.tcp", "TcpTransport", None),
     "tls": ("gpuremote.transports.tcp", "TlsTransport", None),
     "inproc": ("gpuremote.transports.inproc", "InprocTransport", None),
+    "ucx": ("gpuremote.transports.ucx", "UcxTransport", "ucx"),
 }
 
 
