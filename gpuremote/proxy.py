@@ -92,7 +92,9 @@ class Proxy:
     async def start(self, url: str) -> str:
         """Listen at ``url``; returns the URL clients connect to (the real port if it was 0)."""
         settings = transport_settings(Address.parse(url).scheme)
-        listener = await listen(url, self._serve_connection, self.limits, settings)
+        listener = await listen(
+            url, self._serve_connection, self.limits, settings, self.backend.host_allocator()
+        )
         self.listeners.append(listener)
         services, self._services = self._services, []
         for service in services:

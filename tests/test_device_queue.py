@@ -347,3 +347,31 @@ def test_serve_takes_the_simulated_backend(cli: Any) -> None:
     assert out.returncode == 0, out.stderr
     result = _json.loads(out.stdout)
     assert result["backend"] == "sim" and result["light_alone"]["p50_ms"] > 0
+
+
+async def test_uploads_are_received_into_the_backends_host_memory() -> None:
+    """The proxy hands the transport its backend's allocator (pinned memory on a GPU), so
+    that a large upload lands there straight from the socket and is adopted as the buffer."""
+    from gpuremote.framing import byte_view
+
+    made: list[int] = []
+
+    class Counting(NumpyBackend):
+        def host_allocator(self) -> Any:
+            def allocate(nbytes: int) -> memoryview:
+                made.append(nbytes)
+                return byte_view(np.empty(nbytes, dtype=np.uint8))
+
+            return allocate
+
+    proxy = Proxy(Counting())
+    url = await proxy.start("tcp://127.0.0.1:0")
+    try:
+        async with gpuremote.connect(url) as gpu:
+            data = np.arange(1 << 18, dtype=np.float64)  # 2 MiB
+            x = gpu.empty(data.shape, "float64")
+            await x.write(data)
+            np.testing.assert_array_equal(await (x + 0.0).get(), data)
+        assert data.nbytes in made
+    finally:
+        await proxy.close()

@@ -97,3 +97,13 @@ def test_large_copies_go_through_pinned_memory() -> None:
     while isinstance(base, np.ndarray):
         base = base.base
     assert isinstance(base, cp.cuda.PinnedMemoryPointer)
+
+
+def test_the_transport_receives_large_uploads_into_pinned_memory() -> None:
+    from gpuremote.backends.cupy_backend import CupyBackend, _is_pinned
+
+    allocate = CupyBackend().host_allocator()
+    assert allocate is not None
+    big, small = allocate(1 << 20), allocate(16)
+    assert _is_pinned(np.frombuffer(big, np.uint8))
+    assert not _is_pinned(np.frombuffer(small, np.uint8))

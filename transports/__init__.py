@@ -8,7 +8,7 @@ optional library is missing fails with a clear message naming the extra that ins
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpuremote.errors import TransportUnavailable
@@ -38,7 +38,10 @@ REGISTRY: dict[str, tuple[str, str, str | None]] = {
 
 
 def get_transport(
-    scheme: str, limits: FrameLimits = FrameLimits(), settings: Mapping[str, Any] | None = None
+    scheme: str,
+    limits: FrameLimits = FrameLimits(),
+    settings: Mapping[str, Any] | None = None,
+    allocate: Callable[[int], memoryview] | None = None,
 ) -> Transport:
     """The transport for ``scheme``; raises ``TransportUnavailable`` if unknown or not installed.
 
@@ -48,7 +51,7 @@ def get_transport(
     if scheme.startswith("emu+"):
         from .emulated import EmulatedTransport
 
-        return EmulatedTransport(limits, get_transport(scheme[4:], limits, settings))
+        return EmulatedTransport(limits, get_transport(scheme[4:], limits, settings, allocate))
     entry = REGISTRY.get(scheme)
     if entry is None:
         known = ", ".join(f"{s}://" for s in sorted(REGISTRY))
@@ -61,7 +64,7 @@ def get_transport(
         raise TransportUnavailable(
             f"the {scheme}:// transport needs a library that is not installed: {exc}{hint}"
         ) from exc
-    transport: Transport = getattr(mod, cls)(limits, settings)
+    transport: Transport = getattr(mod, cls)(limits, settings, allocate)
     return transport
 
 
@@ -78,7 +81,10 @@ async def listen(
     handler: ConnectionHandler,
     limits: FrameLimits = FrameLimits(),
     settings: Mapping[str, Any] | None = None,
+    allocate: Callable[[int], memoryview] | None = None,
 ) -> Listener:
-    """Listen at ``url``, running ``handler(conn)`` for each connection."""
+    """Listen at ``url``, running ``handler(conn)`` for each connection (received buffers
+    in memory from ``allocate``, where the transport can)."""
     address = Address.parse(url)
-    return await get_transport(address.scheme, limits, settings).listen(address, handler)
+    transport = get_transport(address.scheme, limits, settings, allocate)
+    return await transport.listen(address, handler)

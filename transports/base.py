@@ -167,9 +167,15 @@ class Transport(abc.ABC):
     scheme: str
 
     def __init__(
-        self, limits: FrameLimits = FrameLimits(), settings: Mapping[str, Any] | None = None
+        self,
+        limits: FrameLimits = FrameLimits(),
+        settings: Mapping[str, Any] | None = None,
+        allocate: Callable[[int], memoryview] | None = None,
     ) -> None:
         self.limits = limits
+        #: where received buffers go (a backend's pinned host memory, say); None: fresh
+        #: NumPy memory. Transports that receive into memory they choose use it
+        self.allocate = allocate
         #: defaults for the options a URL may carry (``?key=value`` wins), from the caller:
         #: a transport reads no configuration of its own
         self.settings: Mapping[str, Any] = settings or {}

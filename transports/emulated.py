@@ -265,7 +265,7 @@ class EmulatedTransport(Transport):
     """Wraps the transport of the scheme after ``emu+``."""
 
     def __init__(self, limits: FrameLimits = FrameLimits(), inner: Transport | None = None) -> None:
-        super().__init__(limits)
+        super().__init__(limits, None, inner.allocate if inner is not None else None)
         if inner is None:
             raise ConfigError("emu+ needs a transport to wrap, e.g. emu+tcp://host:port")
         self.inner = inner

@@ -28,9 +28,12 @@ class _Protocol(asyncio.BufferedProtocol):
     """Feeds the connection's decoder; maps asyncio's callbacks onto ``TcpConnection``."""
 
     def __init__(
-        self, limits: FrameLimits, on_made: Callable[[TcpConnection], None] | None = None
+        self,
+        limits: FrameLimits,
+        on_made: Callable[[TcpConnection], None] | None = None,
+        allocate: Callable[[int], memoryview] | None = None,
     ) -> None:
-        self.conn = TcpConnection(limits)
+        self.conn = TcpConnection(limits, allocate=allocate)
         self._on_made = on_made
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -63,10 +66,18 @@ class _Protocol(asyncio.BufferedProtocol):
 class TcpConnection(Connection):
     """A connected TCP stream carrying frames."""
 
-    def __init__(self, limits: FrameLimits, *, max_queued_frames: int = 64) -> None:
+    def __init__(
+        self,
+        limits: FrameLimits,
+        *,
+        max_queued_frames: int = 64,
+        allocate: Callable[[int], memoryview] | None = None,
+    ) -> None:
         self._loop = asyncio.get_running_loop()
         self._limits = limits
-        self._decoder = FrameDecoder(limits)
+        self._decoder = (
+            FrameDecoder(limits) if allocate is None else FrameDecoder(limits, allocate=allocate)
+        )
         self._transport: asyncio.Transport | None = None
         self._inbox = FrameInbox()
         self._max_queued = max_queued_frames
@@ -283,7 +294,7 @@ class TcpTransport(Transport):
         context = self._client_ssl(address)
         try:
             _, protocol = await loop.create_connection(
-                lambda: _Protocol(self.limits),
+                lambda: _Protocol(self.limits, allocate=self.allocate),
                 host,
                 port,
                 ssl=context,
@@ -303,7 +314,7 @@ class TcpTransport(Transport):
             task.add_done_callback(tasks.discard)
 
         def factory() -> _Protocol:
-            return _Protocol(self.limits, start)
+            return _Protocol(self.limits, start, self.allocate)
 
         host = address.host or "127.0.0.1"
         try:

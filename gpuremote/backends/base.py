@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypedDict
 
 import numpy as np
@@ -63,6 +63,11 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def to_host(self, src: Any, stream: Any) -> np.ndarray[Any, Any]:
         """A host copy of device array ``src``, after earlier work on ``stream``."""
+
+    def host_allocator(self) -> Callable[[int], memoryview] | None:
+        """Where the transport should receive buffers (pinned host memory on a GPU, so
+        that uploads go on to the device by DMA); None: ordinary memory."""
+        return None
 
     def adopt_host(self, host: np.ndarray[Any, Any]) -> Any | None:
         """Return ``host`` itself as a device buffer if this backend can, else ``None``."""

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import cupy as cp
 import numpy as np
 
+from ..framing import byte_view
 from .base import Backend, BackendError, DeviceInfo
 
 __all__ = ["CupyBackend"]
@@ -29,6 +30,17 @@ def pinned_empty(nbytes: int) -> np.ndarray[Any, Any]:
     """A host ``uint8`` array of ``nbytes`` in page-locked memory (from CuPy's pool)."""
     mem = cp.cuda.alloc_pinned_memory(nbytes)
     return np.frombuffer(mem, np.uint8, nbytes)
+
+
+def _is_pinned(host: np.ndarray[Any, Any]) -> bool:
+    base: Any = host
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if isinstance(base, memoryview):
+        base = base.obj
+        while isinstance(base, np.ndarray):
+            base = base.base
+    return isinstance(base, cp.cuda.PinnedMemoryPointer)
 
 
 class CupyBackend(Backend):
@@ -62,12 +74,23 @@ class CupyBackend(Backend):
         except cp.cuda.memory.OutOfMemoryError:
             raise BackendError(f"out of device memory allocating {nbytes} bytes") from None
 
+    def host_allocator(self) -> Callable[[int], memoryview] | None:
+        def allocate(nbytes: int) -> memoryview:
+            if PINNED_MIN <= nbytes <= PINNED_MAX:
+                return byte_view(pinned_empty(nbytes))  # received straight into pinned memory
+            return byte_view(np.empty(nbytes, dtype=np.uint8))
+
+        return allocate
+
     def from_host(self, dst: Any, src: np.ndarray[Any, Any], stream: Any) -> None:
         if not PINNED_MIN <= src.nbytes <= PINNED_MAX:
             dst.set(src, stream=stream)
             return
-        staging = pinned_empty(src.nbytes).view(src.dtype).reshape(src.shape)
-        np.copyto(staging, src)
+        if _is_pinned(src):  # the transport received it into pinned memory: no staging copy
+            staging = src
+        else:
+            staging = pinned_empty(src.nbytes).view(src.dtype).reshape(src.shape)
+            np.copyto(staging, src)
         dst.set(staging, stream=stream)  # from pinned memory: asynchronous on the stream
         event = stream.record()
         with self._lock:  # held until the stream is past the copy
