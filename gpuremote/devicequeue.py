@@ -17,7 +17,6 @@ import math
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from .protocol import ArrayDesc, BadCommandAt, Command, Reply
 
@@ -105,8 +104,7 @@ class DeviceQueue:
         self._working = False  # a worker is draining _waiting
         #: batches handed to the worker whose result has not been delivered yet
         self.in_flight = 0
-        self.ran_inline = 0
-        self.ran_off_loop = 0
+        self.ran_off_loop = 0  # batches that went to the worker
         self._idle: asyncio.Future[None] | None = None
         self._closed = False
 
@@ -127,7 +125,6 @@ class DeviceQueue:
         if cost_ns is None:
             cost_ns = estimate_ns(commands, self._queues_work)
         if self.in_flight == 0 and cost_ns <= self._inline_ns:
-            self.ran_inline += 1
             self._deliver(self._run(commands, buffers))
             return
         self.in_flight += 1
@@ -188,10 +185,3 @@ class DeviceQueue:
         if self._idle is None or self._idle.done():
             self._idle = self._loop.create_future()
         await self._idle
-
-    def stats(self) -> dict[str, Any]:
-        return {
-            "in_flight": self.in_flight,
-            "ran_inline": self.ran_inline,
-            "ran_off_loop": self.ran_off_loop,
-        }

@@ -15,6 +15,7 @@ import concurrent.futures
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -85,7 +86,7 @@ class ProxySession:
         self._drainer: asyncio.Task[None] | None = None
         self._refused = False
         self._reading_paused = False
-        self._frame_started: list[int] = []  # perf_counter_ns at each queued batch's arrival
+        self._frame_started: deque[int] = deque()  # perf_counter_ns at each batch's arrival
         self.ready = False  # the handshake is done: the first frame was accepted
         self.final_stats: dict[str, Any] | None = None  # the executor's, at the end
         self._handshake_timeout_s = handshake_timeout_s
@@ -246,7 +247,7 @@ class ProxySession:
 
     def deliver(self, result: Result | BaseException) -> None:
         """A batch's result (on the loop, in order): send its replies."""
-        t0 = self._frame_started.pop(0) if self._frame_started else time.perf_counter_ns()
+        t0 = self._frame_started.popleft() if self._frame_started else time.perf_counter_ns()
         if isinstance(result, BaseException):
             self._internal_error(result)
             return

@@ -37,7 +37,6 @@ class FairScheduler:
         self._last_key: Hashable | None = None
         self._last_t = 0.0
         self._scheduled = False
-        self.deferred = 0  # batches that waited for their turn
 
     def run(self, key: Hashable, cost_ns: float, fn: Callable[[], None]) -> bool:
         """Run ``fn`` now, or queue it behind fairer ones; True if it ran now."""
@@ -54,7 +53,6 @@ class FairScheduler:
             self._last_key, self._last_t = key, now
             fn()
             return True
-        self.deferred += 1
         heapq.heappush(self._heap, (v, next(self._seq), key, fn))
         if not self._scheduled:
             self._scheduled = True

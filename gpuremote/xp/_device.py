@@ -204,14 +204,20 @@ class Device:
             with contextlib.suppress(ConnectionClosed):
                 self.post(_FREE, 0, [handle, nbytes])  # in order with the calls around it
 
-    async def _call(
-        self, spec: CallSpec, args: list[Any], buffer: memoryview | None = None
-    ) -> tuple[Any, list[memoryview]]:
+    def _start(
+        self, spec: CallSpec, args: list[Any], buffer: memoryview | None
+    ) -> asyncio.Future[tuple[Any, list[memoryview]]]:
+        """Hand the posts to the session, raise a deferred error, send the call."""
         self._drain()
         if self._error is not None:
             error, self._error = self._error, None
             raise error
-        return await self.session.call(spec, 0, args, buffer)
+        return self.session.start_call(spec, 0, args, buffer)
+
+    async def _call(
+        self, spec: CallSpec, args: list[Any], buffer: memoryview | None = None
+    ) -> tuple[Any, list[memoryview]]:
+        return await self.session.wait(self._start(spec, args, buffer), spec.name)
 
     def call(
         self, spec: CallSpec, args: list[Any], buffer: memoryview | None = None
@@ -241,11 +247,7 @@ class Device:
                 # as if on the loop: transports may look it up while the call is sent
                 asyncio.events._set_running_loop(self._loop)
                 try:
-                    self._drain()
-                    if self._error is not None:
-                        error, self._error = self._error, None
-                        raise error
-                    fut = self.session.start_call(spec, 0, args, buffer)
+                    fut = self._start(spec, args, buffer)
                 finally:
                     asyncio.events._set_running_loop(None)
                 return self._loop.run_until_complete(fut)
