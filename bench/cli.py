@@ -456,6 +456,20 @@ def _load(args: argparse.Namespace) -> int:
         f"in {result['procs']} process(es) over {result['url']}"
     )
     Console().print(result_table(title, columns, [row]))
+    if result["pool"] is not None:
+        status = {r["url"]: r for r in result["pool"]}
+        rows = [
+            (
+                p["url"],
+                str(p["sessions"]),
+                f"{p['calls_per_s']:,.0f}",
+                "yes" if status.get(p["url"], {}).get("alive") else "no",
+                str(status.get(p["url"], {}).get("restarts", "-")),
+            )
+            for p in result["per_proxy"]
+        ]
+        cols = ("proxy", "sessions", "calls/s", "alive", "restarts")
+        Console().print(result_table("per proxy of the pool", cols, rows))
     for msg in result["error_messages"]:
         Console().print(f"error: {msg}", style="red")
     return 0 if result["errors"] == 0 else 1

@@ -53,8 +53,9 @@ async def _proxy_rss_mb(target: Target, gpu: gpuremote.GPU | None = None) -> flo
 
 async def _client(
     url: str, cfg: LoadConfig, index: int, sync_lat: list[int], all_lat: list[int]
-) -> tuple[int, bool, float]:
-    """One client's work: ``cfg.ops`` calls; returns (calls made, verified, seconds)."""
+) -> tuple[int, bool, float, str]:
+    """One client's work: ``cfg.ops`` calls; returns (calls made, verified, seconds, the URL
+    of the proxy it used)."""
     clock = time.perf_counter_ns
     started = time.perf_counter()
     rng = np.random.default_rng(index)
@@ -81,10 +82,11 @@ async def _client(
             done += 1
             ok = ok and bool(np.array_equal(got, step * launched))
         calls += done
-    return calls, ok, time.perf_counter() - started
+        used = gpu.url
+    return calls, ok, time.perf_counter() - started, used
 
 
-Outcome = tuple[int, bool, float] | str  # (calls, verified, seconds), or the error
+Outcome = tuple[int, bool, float, str] | str  # (calls, verified, seconds, proxy), or the error
 
 
 async def _clients(
@@ -139,10 +141,13 @@ async def run_load(
     async with open_target(cfg.url, cfg.transport, cfg.backend) as target:
         if cfg.procs > 1 and target.transport == "inproc":
             raise gpuremote.ConfigError("--procs needs a proxy other processes can reach (tcp)")
-        async with gpuremote.connect(target.url) as probe:
-            await probe.synchronize()
-            before = await _proxy_rss_mb(target, probe)
-            cpu0 = (await probe.proxy_stats()).get("process_cpu_s")
+        pool = _pool(target.url)
+        before = cpu0 = None
+        if pool is None:  # one proxy: its memory and CPU (a pool's proxies report their own)
+            async with gpuremote.connect(target.url) as probe:
+                await probe.synchronize()
+                before = await _proxy_rss_mb(target, probe)
+                cpu0 = (await probe.proxy_stats()).get("process_cpu_s")
         finished = 0
 
         def done(n: int) -> None:
@@ -165,16 +170,28 @@ async def run_load(
         elapsed = time.perf_counter() - t0
         stop.set()
         light_lat = await light if light is not None else []
-        async with gpuremote.connect(target.url) as probe:
-            cpu1 = (await probe.proxy_stats()).get("process_cpu_s")
-        await asyncio.sleep(0.2)  # let the proxy see every disconnect
-        async with gpuremote.connect(target.url) as probe:
-            await probe.synchronize()
-            after = await _proxy_rss_mb(target, probe)
+        after = cpu1 = None
+        pool_status = None
+        if pool is None:
+            async with gpuremote.connect(target.url) as probe:
+                cpu1 = (await probe.proxy_stats()).get("process_cpu_s")
+            await asyncio.sleep(0.2)  # let the proxy see every disconnect
+            async with gpuremote.connect(target.url) as probe:
+                await probe.synchronize()
+                after = await _proxy_rss_mb(target, probe)
+        else:
+            pool_status = await asyncio.to_thread(pool.status)
     errors = [o for o in outcomes if isinstance(o, str)]
     good = [o for o in outcomes if not isinstance(o, str)]
-    calls = sum(c for c, _, _ in good)
-    rates = sorted(c / s for c, _, s in good if s > 0)
+    calls = sum(c for c, _, _, _ in good)
+    rates = sorted(c / s for c, _, s, _ in good if s > 0)
+    per_proxy: dict[str, dict[str, Any]] = {}
+    for c, _, _, used in good:
+        row = per_proxy.setdefault(used, {"url": used, "sessions": 0, "calls": 0})
+        row["sessions"] += 1
+        row["calls"] += c
+    for row in per_proxy.values():
+        row["calls_per_s"] = row["calls"] / elapsed if elapsed else 0.0
     sync = summarize(sync_lat)
     light_us = summarize(light_lat) if light_lat else dict.fromkeys(("p50", "p99", "max"))
     return {
@@ -186,7 +203,7 @@ async def run_load(
         "ops": cfg.ops,
         "errors": len(errors),
         "error_messages": sorted(set(errors))[:5],
-        "verified": sum(1 for _, ok, _ in good if ok),
+        "verified": sum(1 for _, ok, _, _ in good if ok),
         "calls": calls,
         "seconds": elapsed,
         "calls_per_s": calls / elapsed if elapsed else 0.0,
@@ -210,7 +227,23 @@ async def run_load(
             cpu1 - cpu0 if isinstance(cpu0, int | float) and isinstance(cpu1, int | float) else None
         ),
         "proxy_rss_mb": {"before": before, "after": after},
+        "per_proxy": sorted(per_proxy.values(), key=lambda r: r["url"]),
+        "pool": pool_status,  # each proxy's status at the end, for pool:// URLs
     }
+
+
+def _pool(url: str) -> Any:
+    """The pool behind a ``pool://`` URL (and ``RAY_ADDRESS`` set, so that the client
+    processes of ``--procs`` attach to the same cluster), else None."""
+    from gpuremote.client import POOL_SCHEME, pool_name
+
+    if not url.startswith(POOL_SCHEME):
+        return None
+    from gpuremote.ray import attach, get_pool
+
+    ray = attach()
+    os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
+    return get_pool(pool_name(url))
 
 
 async def _in_processes(

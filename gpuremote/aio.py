@@ -28,6 +28,13 @@ def run(coro: Coroutine[Any, Any, T], *, use_uvloop: bool = True) -> T:
     return asyncio.run(coro)
 
 
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """A new event loop: uvloop's if available."""
+    uv = _uvloop()
+    loop: asyncio.AbstractEventLoop = uv.new_event_loop() if uv else asyncio.new_event_loop()
+    return loop
+
+
 def loop_name() -> str:
     """``uvloop`` or ``asyncio``: what the running loop is."""
     loop = asyncio.get_running_loop()

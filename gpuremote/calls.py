@@ -176,6 +176,28 @@ CALLS: tuple[CallSpec, ...] = (
     CallSpec("event_record", 42, _A, (("handle", Arg.HANDLE),), "record on the call's stream"),
     CallSpec("event_wait", 43, _A, (("handle", Arg.HANDLE),), "make the call's stream wait"),
     CallSpec("event_query", 44, _S, (("handle", Arg.HANDLE),), "has the event completed?"),
+    # -- between proxies (``gpuremote.peers``) ----------------------------------------------
+    CallSpec(
+        "peer_export",
+        50,
+        _S,
+        (("src", Arg.ARRAY),),
+        "copy an array aside for one read by another proxy; returns the ticket",
+    ),
+    CallSpec(
+        "peer_read",
+        51,
+        _S,
+        (("ticket", Arg.TEXT),),
+        "the data of an exported array (uses the ticket up); returns a buffer",
+    ),
+    CallSpec(
+        "peer_import",
+        52,
+        _S,
+        (("dst", Arg.ARRAY), ("url", Arg.TEXT), ("ticket", Arg.TEXT)),
+        "read a ticket from the proxy at url into an array of this session",
+    ),
 )
 
 CALLS_BY_NAME: dict[str, CallSpec] = {c.name: c for c in CALLS}

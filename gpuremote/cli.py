@@ -159,12 +159,29 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _top(args: argparse.Namespace) -> int:
     from . import aio
-    from .top import run_top
+    from .client import POOL_SCHEME, pool_name
+    from .top import run_top, run_top_pool
 
+    if args.url and args.url.startswith(POOL_SCHEME):
+        return aio.run(
+            run_top_pool(
+                pool_name(args.url),
+                address=args.address,
+                interval=args.interval,
+                once=args.once,
+                as_json=args.json,
+            )
+        )
     token = args.token or os.environ.get("GPUREMOTE_ADMIN_TOKEN", "")
     return aio.run(
         run_top(args.url, token, interval=args.interval, once=args.once, as_json=args.json)
     )
+
+
+def _pool(args: argparse.Namespace) -> int:
+    from .pool_cli import run_pool_command
+
+    return run_pool_command(args)
 
 
 def _trace(args: argparse.Namespace) -> int:
@@ -356,7 +373,36 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
     t.add_argument("--once", action="store_true", help="print one snapshot and exit")
     t.add_argument("--json", action="store_true", help="with --once: as JSON")
+    t.add_argument("--address", default=None, help="with pool://: the Ray cluster's address")
     t.set_defaults(func=_top)
+
+    pl = sub.add_parser("pool", help="a pool of proxies on Ray (the [ray] extra)")
+    psub = pl.add_subparsers(dest="pool_command", required=True)
+    for name, text in (
+        ("start", "start a pool's proxies as Ray actors"),
+        ("status", "each proxy of a pool: url, node, sessions, memory, calls/s, restarts"),
+        ("stop", "stop a pool's proxies"),
+    ):
+        c = psub.add_parser(name, help=text)
+        c.add_argument("--name", default="gpuremote", help="the pool's name (pool://NAME)")
+        fallback = ", else one started here with `ray start --head`" if name == "start" else ""
+        c.add_argument(
+            "--address",
+            default=None,
+            help=f"the Ray cluster (default: RAY_ADDRESS, else the one on this machine{fallback})",
+        )
+        if name == "start":
+            c.add_argument("--proxies", type=int, default=1, help="how many proxies")
+            c.add_argument("--num-gpus", type=float, default=1, help="GPUs per proxy (0: none)")
+            c.add_argument(
+                "--backend", default="auto", help="auto, cupy, numpy or sim (auto: CuPy if usable)"
+            )
+            c.add_argument("--transport", default="tcp", choices=["tcp", "ucx"])
+        if name == "status":
+            c.add_argument("--json", action="store_true", help="one JSON object")
+            c.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
+            c.add_argument("--interval", type=float, default=1.0)
+    pl.set_defaults(func=_pool)
 
     tr = sub.add_parser("trace", help="record a workload's call trace from a local run")
     tr.add_argument("workload", choices=["mlp", "transformer", "upload"])

@@ -23,7 +23,7 @@ import hashlib
 import math
 import weakref
 from collections.abc import Generator, Sequence
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -32,7 +32,12 @@ from .arraycore import Buffer
 from .auth import load_secret, proof
 from .calls import CALLS_BY_NAME
 from .config import PipelineConfig, pipeline_config, resolve_url, transport_settings
-from .errors import AuthenticationError, LocalProtocolError, RemoteProtocolError
+from .errors import (
+    AuthenticationError,
+    ConfigError,
+    LocalProtocolError,
+    RemoteProtocolError,
+)
 from .executor import PROTOCOL_VERSION
 from .framing import FrameLimits, byte_view
 from .ops import OPS
@@ -664,39 +669,11 @@ class _Connector:
     async def _open(self) -> GPU:
         url = resolve_url(self._url)
         options = dict(self._options)
-        secret = load_secret(options.pop("secret", None))
-        timeout = options.pop("connect_timeout", 10.0)
-        cfg = self._pipeline or pipeline_config(options)
-        settings = transport_settings(Address.parse(url).scheme)
-        conn = await transport_connect(url, self._limits, settings)
-        try:
-            greeting = decode_greeting(await asyncio.wait_for(conn.recv(), timeout))
-        except BaseException:
-            conn.close()
-            raise
-        answer = ""
-        if greeting["auth"]:
-            if secret is None:
-                conn.close()
-                raise AuthenticationError(
-                    f"the proxy at {url} requires a shared secret: pass secret=..., or set "
-                    "GPUREMOTE_SECRET, GPUREMOTE_SECRET_FILE or [auth] in gpuremote.toml"
-                )
-            answer = proof(secret, greeting["nonce"])
-        session = Session(conn, cfg)
-        try:
-            info, _ = await asyncio.wait_for(
-                session.call(_C["hello"], 0, [PROTOCOL_VERSION, answer]), timeout
-            )
-        except RemoteProtocolError as exc:
-            await session.aclose()
-            if "authentication failed" in str(exc):
-                raise AuthenticationError(f"the proxy at {url} refused the secret") from None
-            raise
-        except BaseException:
-            await session.aclose()
-            raise
-        return GPU(session, url, dict(info))
+        if url.startswith(POOL_SCHEME):  # a pool on Ray: its least-loaded proxy
+            from .ray import place
+
+            (url,), options["secret"] = await place(pool_name(url), 1)
+        return await _open_session(url, options, self._pipeline, self._limits)
 
     def __await__(self) -> Generator[Any, None, GPU]:
         return self._open().__await__()
@@ -710,16 +687,144 @@ class _Connector:
             await self._gpu.aclose()
 
 
+class _ManyConnector:
+    """``await connect("pool://NAME", devices=k)``: sessions on ``k`` different proxies."""
+
+    def __init__(
+        self,
+        url: str,
+        k: int,
+        pipeline: PipelineConfig | None,
+        options: dict[str, Any],
+        limits: FrameLimits,
+    ) -> None:
+        self._url, self._k = url, k
+        self._pipeline, self._options, self._limits = pipeline, options, limits
+        self._gpus: list[GPU] = []
+
+    async def _open(self) -> list[GPU]:
+        from .ray import place
+
+        urls, secret = await place(pool_name(self._url), self._k)
+        options = {**self._options, "secret": secret}
+        gpus: list[GPU] = []
+        try:
+            for u in urls:
+                gpus.append(await _open_session(u, options, self._pipeline, self._limits))
+        except BaseException:
+            for g in gpus:
+                await g.aclose()
+            raise
+        return gpus
+
+    def __await__(self) -> Generator[Any, None, list[GPU]]:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> list[GPU]:
+        self._gpus = await self._open()
+        return self._gpus
+
+    async def __aexit__(self, *exc: object) -> None:
+        for g in self._gpus:
+            await g.aclose()
+
+
+#: ``pool://NAME``: a pool of proxies on Ray (``gpuremote.ray``)
+POOL_SCHEME = "pool://"
+
+
+def pool_name(url: str) -> str:
+    """The pool's name in ``pool://NAME``."""
+    name = url[len(POOL_SCHEME) :].strip("/")
+    if not name or "/" in name or "?" in name:
+        raise ConfigError(f"{url!r}: a pool URL is pool://NAME")
+    return name
+
+
+async def _open_session(
+    url: str, options: dict[str, Any], pipeline: PipelineConfig | None, limits: FrameLimits
+) -> GPU:
+    """Connect, authenticate and say hello at ``url``."""
+    options = dict(options)
+    secret = load_secret(options.pop("secret", None))
+    timeout = options.pop("connect_timeout", 10.0)
+    cfg = pipeline or pipeline_config(options)
+    settings = transport_settings(Address.parse(url).scheme)
+    conn = await transport_connect(url, limits, settings)
+    try:
+        greeting = decode_greeting(await asyncio.wait_for(conn.recv(), timeout))
+    except BaseException:
+        conn.close()
+        raise
+    answer = ""
+    if greeting["auth"]:
+        if secret is None:
+            conn.close()
+            raise AuthenticationError(
+                f"the proxy at {url} requires a shared secret: pass secret=..., or set "
+                "GPUREMOTE_SECRET, GPUREMOTE_SECRET_FILE or [auth] in gpuremote.toml"
+            )
+        answer = proof(secret, greeting["nonce"])
+    session = Session(conn, cfg)
+    try:
+        info, _ = await asyncio.wait_for(
+            session.call(_C["hello"], 0, [PROTOCOL_VERSION, answer]), timeout
+        )
+    except RemoteProtocolError as exc:
+        await session.aclose()
+        if "authentication failed" in str(exc):
+            raise AuthenticationError(f"the proxy at {url} refused the secret") from None
+        raise
+    except BaseException:
+        await session.aclose()
+        raise
+    return GPU(session, url, dict(info))
+
+
+@overload
 def connect(
     url: str | None = None,
     *,
+    devices: None = None,
     pipeline: PipelineConfig | None = None,
     limits: FrameLimits = FrameLimits(),
     **options: Any,
-) -> _Connector:
+) -> _Connector: ...
+
+
+@overload
+def connect(
+    url: str | None = None,
+    *,
+    devices: int,
+    pipeline: PipelineConfig | None = None,
+    limits: FrameLimits = FrameLimits(),
+    **options: Any,
+) -> _ManyConnector: ...
+
+
+def connect(
+    url: str | None = None,
+    *,
+    devices: int | None = None,
+    pipeline: PipelineConfig | None = None,
+    limits: FrameLimits = FrameLimits(),
+    **options: Any,
+) -> _Connector | _ManyConnector:
     """Connect to the proxy at ``url`` (else ``GPUREMOTE_URL``, else the config file, else
     the default). ``options`` override pipeline settings (``async_calls``, ``batching``,
     ``shadow``, ``max_batch_calls``, ``max_batch_bytes``, ``flush_delay_us``, ``spin_us``,
     ``call_timeout_s``), and take
-    ``secret=`` (the shared secret, when the proxy requires one) and ``connect_timeout=``."""
-    return _Connector(url, pipeline, options, limits)
+    ``secret=`` (the shared secret, when the proxy requires one) and ``connect_timeout=``.
+
+    ``pool://NAME`` is a pool of proxies on Ray (``gpuremote.ray``; this process must be
+    attached to the cluster): the session goes to its least-loaded live proxy, and with
+    ``devices=k`` there are ``k`` sessions on ``k`` different proxies (a list of ``GPU``)."""
+    if devices is None:
+        return _Connector(url, pipeline, options, limits)
+    target = resolve_url(url)
+    if not target.startswith(POOL_SCHEME):
+        raise ConfigError(f"devices= needs a pool:// URL, not {target!r}")
+    if devices < 1:
+        raise ValueError("devices must be at least 1")
+    return _ManyConnector(target, devices, pipeline, options, limits)

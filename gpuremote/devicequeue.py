@@ -31,6 +31,8 @@ _PER_COMMAND_NS = 3_000.0
 _WAITS = frozenset(
     {"copy_d2h", "stream_synchronize", "device_synchronize", "launch_dynamic", "kernel_create"}
 )
+#: calls that always run on a worker: they wait for the device, or for another proxy
+_WORKER_ONLY = frozenset({"peer_export", "peer_read", "peer_import"})
 #: ops that cost much more than one pass over their data
 _HEAVY = frozenset({"tensordot", "vecdot", "sort", "argsort", "searchsorted", "isin"})
 
@@ -51,6 +53,8 @@ def estimate_ns(commands: Sequence[Command | BadCommandAt], queues_work: bool) -
         if type(c) is not Command:
             continue
         name = c.spec.name
+        if name in _WORKER_ONLY:
+            return math.inf
         if queues_work:
             if name in _WAITS:
                 return math.inf

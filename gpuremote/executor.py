@@ -20,6 +20,7 @@ from .backends import Backend
 from .calls import CallClass
 from .framing import byte_view
 from .ops import OPS, infer
+from .peers import PeerLinks, PeerUnreachable, Tickets
 from .protocol import ArrayDesc, BadCommandAt, Command, ErrorInfo, Reply
 
 __all__ = ["PROTOCOL_VERSION", "Executor", "SessionLimits"]
@@ -70,8 +71,12 @@ class Executor:
         session_id: int = 0,
         info: dict[str, Any] | None = None,
         admin: Callable[[str], dict[str, Any]] | None = None,
+        tickets: Tickets | None = None,
+        peers: PeerLinks | None = None,
     ) -> None:
         self.backend = backend
+        self._tickets = tickets
+        self._peers = peers
         self.info = info or {}
         self._admin = admin
         self.limits = limits
@@ -176,6 +181,8 @@ class Executor:
 
     def close(self) -> None:
         """Free everything this session holds (at disconnect)."""
+        if self._tickets is not None:
+            self._tickets.drop_session(self.session_id)
         self.buffers.clear()
         self.nbytes.clear()
         self._views.clear()
@@ -551,6 +558,48 @@ class Executor:
 
     def _cmd_event_wait(self, ctx: _Ctx, handle: int) -> None:
         self.backend.wait_event(ctx.stream, self._event(handle))
+
+    def _cmd_peer_export(self, ctx: _Ctx, src: ArrayDesc) -> str:
+        if self._tickets is None:
+            raise CallFailed("this proxy does not export arrays to other proxies")
+        nbytes = src.nbytes
+        if self.device_bytes + self._tickets.held_bytes() + nbytes > self.limits.max_device_bytes:
+            raise CallFailed(
+                f"exporting {nbytes} bytes would exceed this session's limit of "
+                f"{self.limits.max_device_bytes} device bytes"
+            )
+        u8 = np.dtype(np.uint8)
+        s = self._resolve(ArrayDesc(src.handle, src.offset, (nbytes,), u8))
+        copy = self.backend.alloc(nbytes)
+        self.backend.copy(self.backend.view(copy, 0, (nbytes,), u8), s, ctx.stream)
+        self.backend.synchronize(ctx.stream)  # the reader uses a stream of its own
+        try:
+            return self._tickets.add(self.session_id, copy, nbytes)
+        except ValueError as exc:
+            raise CallFailed(str(exc)) from None
+
+    def _cmd_peer_read(self, ctx: _Ctx, ticket: str) -> Any:
+        if self._tickets is None:
+            raise CallFailed("this proxy does not export arrays to other proxies")
+        try:
+            buf, nbytes = self._tickets.take(ticket)
+        except KeyError as exc:
+            raise CallFailed(exc.args[0]) from None
+        u8 = np.dtype(np.uint8)
+        host = self.backend.to_host(self.backend.view(buf, 0, (nbytes,), u8), ctx.stream)
+        return ctx.reply_buffer(byte_view(host))
+
+    def _cmd_peer_import(self, ctx: _Ctx, dst: ArrayDesc, url: str, ticket: str) -> int:
+        if self._peers is None:
+            raise PeerUnreachable("this proxy makes no connections to other proxies")
+        view = self._resolve(dst)
+        data = self._peers.fetch(url, ticket)  # raises PeerUnreachable, RemoteCallError
+        if data.nbytes != dst.nbytes:
+            raise CallFailed(f"the ticket holds {data.nbytes} bytes; the array has {dst.nbytes}")
+        host = np.frombuffer(data, dtype=np.uint8).view(dst.dtype).reshape(dst.shape)
+        self.backend.from_host(view, host, ctx.stream)
+        self.bytes_in += data.nbytes
+        return data.nbytes
 
     def _cmd_event_query(self, ctx: _Ctx, handle: int) -> bool:
         return self.backend.query_event(self._event(handle))

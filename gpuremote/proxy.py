@@ -28,6 +28,7 @@ from .errors import GpuRemoteError
 from .executor import Executor, SessionLimits
 from .framing import FrameLimits
 from .monitor import totals
+from .peers import PeerLinks, Tickets
 from .protocol import encode_fatal, encode_notice
 from .proxysession import ProxySession
 from .scheduler import FairScheduler
@@ -82,15 +83,20 @@ class Proxy:
         self.clients: dict[int, ProxySession] = {}
         self._ids = itertools.count(1)
         self.sessions_served = 0
+        self.calls_ended = 0  # sync and async calls of the sessions that have ended
         self._services = list(services)
         self._running: list[Any] = []  # the services started
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=workers, thread_name_prefix="gpuremote-device"
         )
         self.info: dict[str, Any] = {}  # extra device info sent to clients at hello
+        self.tickets = Tickets()  # arrays exported to other proxies
+        self.peers: PeerLinks | None = None  # connections to other proxies, made on the loop
 
     async def start(self, url: str) -> str:
         """Listen at ``url``; returns the URL clients connect to (the real port if it was 0)."""
+        if self.peers is None:
+            self.peers = PeerLinks(asyncio.get_running_loop(), self.secret)
         settings = transport_settings(Address.parse(url).scheme)
         listener = await listen(
             url, self._serve_connection, self.limits, settings, self.backend.host_allocator()
@@ -118,7 +124,15 @@ class Proxy:
         sid = next(self._ids)
 
         def make_executor() -> Executor:
-            return Executor(self.backend, self.session_limits, sid, self.info, self._admin)
+            return Executor(
+                self.backend,
+                self.session_limits,
+                sid,
+                self.info,
+                self._admin,
+                tickets=self.tickets,
+                peers=self.peers,
+            )
 
         def timed_out(session: ProxySession) -> None:
             self.handshake_timeouts += 1
@@ -146,6 +160,9 @@ class Proxy:
             reason = await session.run()
         finally:
             self.clients.pop(sid, None)
+            if session.final_stats is not None:
+                calls = session.final_stats["calls"]
+                self.calls_ended += calls["sync"] + calls["async"]
             if len(self.clients) <= self._peak_clients // 2:
                 # idle, or half the sessions gone (a flood closed by the handshake deadline):
                 # hand the freed heap back to the OS
@@ -246,6 +263,8 @@ class Proxy:
             client.conn.close()
         if tasks:
             await asyncio.wait(tasks, timeout=5)
+        if self.peers is not None:
+            await self.peers.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 

@@ -222,3 +222,67 @@ async def run_top(
                         break
                     await asyncio.sleep(0.05)
     return 0
+
+
+async def run_top_pool(
+    name: str,
+    *,
+    address: str | None = None,
+    interval: float = 1.0,
+    once: bool = False,
+    as_json: bool = False,
+) -> int:
+    """``gpuremote top --url pool://NAME``: every proxy of a pool, one view each (the pool's
+    secret and admin token come through Ray)."""
+    import json
+
+    from rich.console import Console
+    from rich.live import Live
+
+    from .ray import get_pool
+
+    pool = get_pool(name, address=address)
+    secret, token = pool.credentials()
+    gpus = [await connect(u, secret=secret) for u in pool.urls()]
+    try:
+        owns = [g.device.get("session") for g in gpus]
+
+        async def snaps() -> list[dict[str, Any]]:
+            return list(await asyncio.gather(*(fetch(g, token) for g in gpus)))
+
+        def screen(prev: list[dict[str, Any]] | None, cur: list[dict[str, Any]]) -> Group:
+            views = [
+                render(rates(prev[i] if prev else None, s, owns[i]), gpus[i].url)
+                for i, s in enumerate(cur)
+            ]
+            return Group(Text(f"pool://{name}: {len(gpus)} proxies", style="bold"), *views)
+
+        if once:
+            first = await snaps()
+            await asyncio.sleep(min(interval, 1.0))
+            cur = await snaps()
+            if as_json:
+                proxies = []
+                for i, s in enumerate(cur):
+                    view = rates(first[i], s, owns[i])
+                    rate = {r["session"]: r["rate"] for r in view["rows"]}
+                    proxies.append({"url": gpus[i].url, **s, "rates": rate})
+                print(json.dumps({"pool": name, "proxies": proxies}, indent=2))
+            else:
+                Console().print(screen(first, cur))
+            return 0
+        quit_ = threading.Event()
+        prev = None
+        with _keys(quit_), Live(auto_refresh=False, screen=False) as live:
+            while not quit_.is_set():
+                cur = await snaps()
+                live.update(screen(prev, cur), refresh=True)
+                prev = cur
+                for _ in range(max(1, int(interval / 0.05))):
+                    if quit_.is_set():
+                        break
+                    await asyncio.sleep(0.05)
+        return 0
+    finally:
+        for g in gpus:
+            await g.aclose()

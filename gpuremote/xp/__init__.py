@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import math as _math
 from typing import Any as _Any
+from typing import overload as _overload
 
 import numpy as _np
 
 from . import _standard, fft, linalg
 from ._array import Array as Array
-from ._device import Device, default_device, set_default_device
+from ._device import Device, default_device, open_devices, set_default_device
 from ._functions import *  # noqa: F403
 from ._functions import _KINDS, isdtype
 
@@ -63,13 +64,47 @@ _DTYPES = {
 }  # fmt: skip
 
 
-def connect(url: str | None = None, **options: _Any) -> Device:
+@_overload
+def connect(url: str | None = None, *, devices: None = None, **options: _Any) -> Device: ...
+
+
+@_overload
+def connect(url: str | None = None, *, devices: int, **options: _Any) -> list[Device]: ...
+
+
+def connect(
+    url: str | None = None, *, devices: int | None = None, **options: _Any
+) -> Device | list[Device]:
     """Connect to the proxy at ``url`` (else ``GPUREMOTE_URL``, the config file, the default)
     and make it the default device. Options are those of ``gpuremote.connect`` (``secret=``,
-    pipeline settings). Use as ``with xp.connect(url):`` to close it at the end."""
-    device = Device(url, **options)
-    set_default_device(device)
-    return device
+    pipeline settings). Use as ``with xp.connect(url):`` to close it at the end.
+
+    ``pool://NAME`` places the session on a pool's least-loaded proxy (``gpuremote.ray``);
+    ``devices=k`` opens ``k`` sessions on ``k`` different proxies of the pool and returns the
+    list of devices (the first becomes the default)."""
+    k = devices
+    if k is None:
+        device = Device(url, **options)
+        set_default_device(device)
+        return device
+    from ..client import POOL_SCHEME, pool_name
+    from ..config import resolve_url
+    from ..ray import place_now
+
+    target = resolve_url(url)
+    if not target.startswith(POOL_SCHEME):
+        raise ValueError(f"devices= needs a pool:// URL, not {target!r}")
+    urls, secret = place_now(pool_name(target), int(k))
+    opened: list[Device] = []
+    try:
+        for u in urls:
+            opened.append(Device(u, **{**options, "secret": secret}))
+    except BaseException:
+        for d in opened:
+            d.close()
+        raise
+    set_default_device(opened[0])
+    return opened
 
 
 def connect_local(backend: str = "numpy", url: str | None = None) -> Device:
@@ -93,8 +128,8 @@ class _Info:
         return default_device()
 
     def devices(self) -> list[Device]:
-        """The devices known here."""
-        return [default_device()]
+        """The devices open in this process (the default one first)."""
+        return open_devices()
 
     def default_dtypes(self, *, device: _Any = None) -> dict[str, _Any]:
         """The default dtype of each kind."""

@@ -124,7 +124,11 @@ class Array(ArrayMetadata):
             return self._device.fetch(self)
         if device is self._device:
             return self
-        return device.upload(self._device.fetch(self))
+        from ._device import Device
+
+        if not isinstance(device, Device):
+            raise ValueError(f"{device!r} is not a gpuremote.xp device")
+        return device.copy_from(self)
 
     def __dlpack__(
         self,

@@ -15,6 +15,7 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
+import itertools
 import math
 import threading
 import time
@@ -30,7 +31,7 @@ from ..arraycore import Buffer
 from ..calls import CALLS_BY_NAME, CallSpec
 from ..client import GPU
 from ..client import connect as _connect
-from ..errors import ConnectionClosed
+from ..errors import ConnectionClosed, RemoteCallError
 from ..framing import byte_view
 from ..ops import OpError, OpTypeError
 from ..protocol import DTYPES
@@ -42,8 +43,10 @@ T = TypeVar("T")
 _C = CALLS_BY_NAME
 _ALLOC, _FREE, _LAUNCH, _LAUNCH_NEW = _C["alloc"], _C["free"], _C["launch"], _C["launch_new"]
 _COPY_H2D, _COPY_D2H, _DYNAMIC = _C["copy_h2d"], _C["copy_d2h"], _C["launch_dynamic"]
+_PEER_EXPORT, _PEER_READ, _PEER_IMPORT = _C["peer_export"], _C["peer_read"], _C["peer_import"]
 
 _OPEN: weakref.WeakSet[Device] = weakref.WeakSet()
+_opened = itertools.count()  # the order devices were opened in
 _IDLE_S = 0.05  # how long the helper polls after the last post before it sleeps
 
 
@@ -86,6 +89,8 @@ class Device:
         #: default device then connects anew at its next use
         self.lost = False
         self._proxy: Any = None
+        #: how the last ``copy_from`` went: "proxy to proxy" or "through the client (why)"
+        self.last_copy = ""
         self._helper = threading.Thread(target=self._help, name="gpuremote-xp", daemon=True)
         self._helper.start()
 
@@ -105,6 +110,7 @@ class Device:
             raise
         self.session = self.gpu._session
         self.url = self.gpu.url
+        self._order = next(_opened)
         _OPEN.add(self)
 
     # -- driving the loop ------------------------------------------------------------------
@@ -280,6 +286,24 @@ class Device:
         self.post(_COPY_H2D, 0, [out._wire, BUFFER], byte_view(snap))
         return out
 
+    def copy_from(self, array: Array) -> Array:
+        """A copy on this device of ``array``, which is on another one: proxy to proxy where
+        this device's proxy can reach the other's (the data never comes to this process),
+        else through this process. ``last_copy`` says which way the last one went."""
+        src = array._device
+        ticket, _ = src.call(_PEER_EXPORT, [array._wire])
+        out = self.empty(array.shape, array.dtype)
+        try:
+            self.call(_PEER_IMPORT, [out._wire, src.url, ticket])
+            self.last_copy = "proxy to proxy"
+        except RemoteCallError as exc:
+            if exc.kind != "PeerUnreachable":
+                raise
+            value, bufs = src.call(_PEER_READ, [ticket])
+            self.post(_COPY_H2D, 0, [out._wire, BUFFER], bufs[value])
+            self.last_copy = f"through the client ({exc.message})"
+        return out
+
     def meta(self, name: str, arrays: Sequence[Array], params: dict[str, Any]) -> list[Any]:
         """Output shapes and dtypes of op ``xp.name`` (raising the standard's errors)."""
         try:
@@ -421,6 +445,16 @@ def default_device() -> Device:
     if _DEFAULT is None or _DEFAULT.closed:
         _DEFAULT = Device()
     return _DEFAULT
+
+
+def open_devices() -> list[Device]:
+    """The devices open in this process, the default one first, then in the order they were
+    opened; with none open, the default device (which connects)."""
+    opened = sorted((d for d in _OPEN if not d.closed), key=lambda d: d._order)
+    if _DEFAULT is not None and _DEFAULT in opened:
+        opened.remove(_DEFAULT)
+        opened.insert(0, _DEFAULT)
+    return opened or [default_device()]
 
 
 @atexit.register

@@ -1,0 +1,446 @@
+"""A pool of proxies run as Ray actors (the ``[ray]`` extra).
+
+Ray places each proxy on a node with the GPUs it asks for (``num_gpus``; Ray sets
+``CUDA_VISIBLE_DEVICES``) and restarts it when it dies; gpuremote keeps its own data path
+(tcp://, ucx://) between clients and proxies, so bulk data never goes through Ray::
+
+    import ray, gpuremote.ray as gr
+    ray.init()                                   # or ray.init(address="auto")
+    pool = gr.start_pool(2, name="team")         # 2 proxies, 1 GPU each
+    async with gpuremote.connect("pool://team") as gpu: ...
+    pool.stop()
+
+A pool is a detached manager actor named ``NAME`` (namespace ``gpuremote``) and ``n`` detached
+proxy actors. The manager holds the pool's secret, made when the pool starts: it reaches the
+proxies and the clients as a Ray call's result, never on a command line or in a log. It places
+each new session on the least-loaded live proxy (sessions, then device memory), counting the
+sessions it placed that have not connected yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import os
+import secrets
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from .aio import new_event_loop
+from .errors import ConfigError, GpuRemoteError
+
+if TYPE_CHECKING:
+    from .proxy import Proxy
+
+__all__ = ["NAMESPACE", "Pool", "PoolError", "get_pool", "place", "place_now", "start_pool"]
+
+#: the Ray namespace of every pool's actors
+NAMESPACE = "gpuremote"
+#: how long a placed session counts against its proxy before it connects
+_RESERVATION_S = 10.0
+#: how long the manager waits for a proxy's status before it counts the proxy as dead
+_PROBE_S = 1.0
+
+
+class PoolError(GpuRemoteError):
+    """No such pool, or it cannot place a session."""
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConfigError("pools of proxies need Ray: pip install 'gpuremote[ray]'") from exc
+    return ray
+
+
+def attach(address: str | None = None) -> Any:
+    """``ray`` attached to a cluster: the one this process is in, else ``address`` (else
+    ``RAY_ADDRESS``, else a cluster started on this machine with ``ray start``)."""
+    ray = _ray()
+    if not ray.is_initialized():
+        try:
+            ray.init(
+                address=address or os.environ.get("RAY_ADDRESS") or "auto",
+                namespace=NAMESPACE,
+                log_to_driver=False,
+                configure_logging=False,
+            )
+        except ConnectionError as exc:
+            raise PoolError(
+                f"no Ray cluster to attach to ({exc}); start one with `ray start --head`, "
+                "or give its address"
+            ) from None
+    return ray
+
+
+# -- the actors ------------------------------------------------------------------------------
+class ProxyActor:
+    """One proxy of a pool: a ``gpuremote.Proxy`` on an event loop of its own thread."""
+
+    def __init__(
+        self,
+        pool: str,
+        index: int,
+        backend: str,
+        transport: str,
+        serve_options: dict[str, Any],
+    ) -> None:
+        import ray
+
+        from .proxy import Proxy, raise_open_files_limit
+
+        manager = ray.get_actor(pool, namespace=NAMESPACE)
+        secret, admin_token = ray.get(manager.credentials.remote())
+        self.index = index
+        self.node = ray.get_runtime_context().get_node_id()
+        host = ray.util.get_node_ip_address()
+        raise_open_files_limit()
+        self._loop = new_event_loop()
+        self._proxy = Proxy(backend, secret=secret, admin_token=admin_token, **serve_options)
+        started: concurrent.futures.Future[str] = concurrent.futures.Future()
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(
+            target=self._serve, args=(f"{transport}://{host}:0", started), daemon=True
+        )
+        self._thread.start()
+        self.url = started.result(60)
+        self._rate_mark = (time.monotonic(), 0)
+        manager.register.remote(index, self.url, self.node, os.getpid())
+
+    def _serve(self, url: str, started: concurrent.futures.Future[str]) -> None:
+        asyncio.set_event_loop(self._loop)
+
+        async def main() -> None:
+            self._stop = asyncio.Event()
+            try:
+                started.set_result(await self._proxy.start(url))
+            except BaseException as exc:
+                started.set_exception(exc)
+                raise
+            await self._stop.wait()
+            await self._proxy.close(grace=1.0)
+
+        self._loop.run_until_complete(main())
+
+    def status(self) -> dict[str, Any]:
+        """This proxy's figures: url, node, pid, sessions, device_bytes, calls_per_s."""
+        fut = asyncio.run_coroutine_threadsafe(_figures(self._proxy), self._loop)
+        figures = fut.result(5)
+        figures.update(index=self.index, url=self.url, node=self.node)
+        now = time.monotonic()
+        then, calls = self._rate_mark
+        self._rate_mark = (now, figures["calls"])
+        rate = max(0.0, (figures["calls"] - calls) / (now - then)) if calls else 0.0
+        figures["calls_per_s"] = rate
+        return figures
+
+    def shutdown(self) -> bool:
+        """Stop serving: clients are told, work in flight finishes (about a second)."""
+        if self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+        return True
+
+
+async def _figures(proxy: Proxy) -> dict[str, Any]:
+    """A proxy's load, read on its loop (a function, not a method: a Ray actor with a
+    coroutine method would be an async actor, and ``ProxyActor`` blocks in its calls)."""
+    live = [c for c in proxy.clients.values() if c.started]
+    return {
+        "pid": os.getpid(),
+        "backend": proxy.backend.name,
+        "sessions": len(proxy.clients),  # those still in their handshake too
+        "sessions_served": proxy.sessions_served,
+        "device_bytes": sum(c.executor.device_bytes for c in live) + proxy.tickets.held_bytes(),
+        "calls": proxy.calls_ended
+        + sum(c.executor.counts["sync"] + c.executor.counts["async"] for c in live),
+    }
+
+
+class PoolManager:
+    """The pool's manager actor: its proxies, its secret, placement."""
+
+    def __init__(
+        self,
+        name: str,
+        n: int,
+        secret: bytes,
+        proxy_options: dict[str, Any],
+        backend: str,
+        transport: str,
+        serve_options: dict[str, Any],
+    ) -> None:
+        import ray
+
+        self.name = name
+        self._secret = secret
+        self._admin_token = secret.hex()[:32]  # for `gpuremote top --url pool://NAME`
+        remote = ray.remote(ProxyActor)
+        self.proxies = [
+            remote.options(
+                name=f"{name}.proxy{i}",
+                namespace=NAMESPACE,
+                lifetime="detached",
+                get_if_exists=True,  # the manager restarted: its proxies live on
+                **proxy_options,
+            ).remote(name, i, backend, transport, serve_options)
+            for i in range(n)
+        ]
+        self.urls: list[str | None] = [None] * n
+        self.starts = [0] * n
+        self._served = [0] * n  # sessions_served at the last look
+        self._reserved: list[deque[float]] = [deque() for _ in range(n)]
+        self._lock = asyncio.Lock()
+
+    async def credentials(self) -> tuple[bytes, str]:
+        return self._secret, self._admin_token
+
+    async def register(self, index: int, url: str, node: str, pid: int) -> None:
+        """A proxy (re)started and listens at ``url``."""
+        self.starts[index] += 1
+        self.urls[index] = url
+        self._served[index] = 0
+        self._reserved[index].clear()
+
+    async def actors(self) -> list[Any]:
+        return list(self.proxies)
+
+    async def status(self) -> list[dict[str, Any]]:
+        """One dict per proxy: url, node, alive, sessions, device_bytes, calls_per_s,
+        restarts (and pid, backend, pending: sessions placed, not yet connected)."""
+        figures = await asyncio.gather(*(self._probe(p) for p in self.proxies))
+        now = time.monotonic()
+        out = []
+        for i, fig in enumerate(figures):
+            reserved = self._reserved[i]
+            while reserved and reserved[0] < now - _RESERVATION_S:
+                reserved.popleft()
+            row: dict[str, Any] = {
+                "index": i,
+                "url": self.urls[i],
+                "alive": fig is not None,
+                "restarts": max(0, self.starts[i] - 1),
+                "pending": len(reserved),
+            }
+            if fig is None:
+                row.update(node=None, sessions=0, device_bytes=0, calls_per_s=0.0)
+            else:
+                connected = fig["sessions_served"] - self._served[i]
+                if connected < 0:  # a new process: its count starts again
+                    connected, reserved = 0, deque()
+                    self._reserved[i] = reserved
+                for _ in range(min(connected, len(reserved))):
+                    reserved.popleft()
+                self._served[i] = fig["sessions_served"]
+                row["pending"] = len(reserved)
+                row.update(
+                    url=fig["url"],
+                    node=fig["node"],
+                    pid=fig["pid"],
+                    backend=fig["backend"],
+                    sessions=fig["sessions"],
+                    device_bytes=fig["device_bytes"],
+                    calls_per_s=fig["calls_per_s"],
+                )
+            out.append(row)
+        return out
+
+    async def place(self, k: int = 1) -> tuple[list[str], bytes]:
+        """URLs of ``k`` different live proxies, the least loaded first, and the secret."""
+        async with self._lock:
+            rows = [r for r in await self.status() if r["alive"]]
+            if len(rows) < k:
+                raise PoolError(
+                    f"pool {self.name!r} has {len(rows)} live proxies; {k} were asked for"
+                )
+            rows.sort(key=lambda r: (r["sessions"] + r["pending"], r["device_bytes"], r["index"]))
+            chosen = rows[:k]
+            now = time.monotonic()
+            for r in chosen:
+                self._reserved[r["index"]].append(now)
+            return [r["url"] for r in chosen], self._secret
+
+    async def stop(self) -> None:
+        """Stop every proxy (gracefully, then for good)."""
+        import ray
+
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(
+                asyncio.gather(*(_await(p.shutdown.remote()) for p in self.proxies)), 15
+            )
+        for p in self.proxies:
+            with contextlib.suppress(Exception):
+                ray.kill(p, no_restart=True)
+
+    async def _probe(self, proxy: Any) -> dict[str, Any] | None:
+        try:
+            fig: dict[str, Any] = await asyncio.wait_for(_await(proxy.status.remote()), _PROBE_S)
+        except Exception:  # dead, restarting, or too slow to count as live
+            return None
+        return fig
+
+
+async def _await(ref: Any) -> Any:
+    return await ref
+
+
+# -- the driver's side -------------------------------------------------------------------------
+class Pool:
+    """A pool of proxies (``start_pool`` or ``get_pool``)."""
+
+    def __init__(self, name: str, manager: Any) -> None:
+        self.name = name
+        self._manager = manager
+
+    @property
+    def url(self) -> str:
+        """What clients connect to: ``pool://NAME``."""
+        return f"pool://{self.name}"
+
+    @property
+    def actors(self) -> list[Any]:
+        """The proxies' Ray actor handles, in the order of ``status()``."""
+        ray = _ray()
+        actors: list[Any] = ray.get(self._manager.actors.remote())
+        return actors
+
+    def status(self) -> list[dict[str, Any]]:
+        """One dict per proxy: ``url``, ``node``, ``alive``, ``sessions``, ``device_bytes``,
+        ``calls_per_s``, ``restarts``."""
+        ray = _ray()
+        rows: list[dict[str, Any]] = ray.get(self._manager.status.remote())
+        return rows
+
+    def urls(self) -> list[str]:
+        """The live proxies' URLs."""
+        return [r["url"] for r in self.status() if r["alive"]]
+
+    def wait_ready(self, timeout: float = 120.0) -> list[dict[str, Any]]:
+        """Wait until every proxy is alive; returns ``status()``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            rows = self.status()
+            if all(r["alive"] for r in rows):
+                return rows
+            if time.monotonic() > deadline:
+                down = [r["index"] for r in rows if not r["alive"]]
+                raise PoolError(f"pool {self.name!r}: proxies {down} did not start in {timeout}s")
+            time.sleep(0.2)
+
+    def credentials(self) -> tuple[bytes, str]:
+        """The pool's secret and its proxies' admin token (for ``gpuremote top``), fetched
+        through Ray."""
+        ray = _ray()
+        secret, token = ray.get(self._manager.credentials.remote())
+        return secret, token
+
+    def stop(self) -> None:
+        """Stop the proxies and the manager."""
+        ray = _ray()
+        with contextlib.suppress(Exception):
+            ray.get(self._manager.stop.remote(), timeout=30)
+        with contextlib.suppress(Exception):
+            ray.kill(self._manager, no_restart=True)
+
+    def __repr__(self) -> str:
+        return f"<gpuremote.ray.Pool {self.name!r}>"
+
+
+def start_pool(
+    n: int,
+    *,
+    name: str = "gpuremote",
+    num_gpus: float = 1,
+    num_cpus: float = 0,
+    backend: str = "auto",
+    transport: str = "tcp",
+    max_restarts: int = -1,
+    address: str | None = None,
+    wait: bool = True,
+    **serve_options: Any,
+) -> Pool:
+    """Start ``n`` proxies as detached, named Ray actors, each with ``num_gpus`` GPUs
+    (``num_gpus=0`` and ``backend="numpy"`` on machines without GPUs), spread over the
+    cluster's nodes and restarted by Ray when they die (``max_restarts``, -1: always).
+    ``serve_options`` go to ``gpuremote.Proxy`` (``session_limits=``, ``max_clients=``, ...).
+    Returns once every proxy listens (``wait``)."""
+    if n < 1:
+        raise ValueError("a pool needs at least one proxy")
+    if transport not in ("tcp", "ucx", "tls"):
+        raise ValueError(f"a pool's proxies serve tcp, tls or ucx, not {transport!r}")
+    ray = attach(address)
+    with contextlib.suppress(ValueError):
+        ray.get_actor(name, namespace=NAMESPACE)
+        raise PoolError(f"a pool named {name!r} is running; stop it first")
+    proxy_options = {
+        "num_gpus": num_gpus,
+        "num_cpus": num_cpus,
+        "max_restarts": max_restarts,
+        "max_task_retries": 0,
+        "scheduling_strategy": "SPREAD",
+    }
+    manager = (
+        ray.remote(PoolManager)
+        .options(
+            name=name,
+            namespace=NAMESPACE,
+            lifetime="detached",
+            num_cpus=0,
+            max_restarts=-1,
+            max_concurrency=64,
+        )
+        .remote(
+            name,
+            n,
+            secrets.token_bytes(32),
+            proxy_options,
+            backend,
+            transport,
+            serve_options,
+        )
+    )
+    pool = Pool(name, manager)
+    if wait:
+        try:
+            pool.wait_ready()
+        except BaseException:
+            pool.stop()
+            raise
+    return pool
+
+
+def get_pool(name: str = "gpuremote", *, address: str | None = None) -> Pool:
+    """The running pool ``name``; ``PoolError`` if there is none."""
+    ray = attach(address)
+    try:
+        manager = ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        raise PoolError(f"no pool named {name!r} in this Ray cluster") from None
+    return Pool(name, manager)
+
+
+async def place(name: str, k: int = 1) -> tuple[list[str], bytes]:
+    """For ``connect("pool://NAME")``: the URLs of ``k`` proxies of the pool and its secret."""
+    pool = get_pool(name)
+    try:
+        urls, secret = await _await(pool._manager.place.remote(k))
+    except Exception as exc:
+        cause = getattr(exc, "cause", None) or exc
+        raise PoolError(str(cause)) from None
+    return urls, secret
+
+
+def place_now(name: str, k: int = 1) -> tuple[list[str], bytes]:
+    """``place`` for synchronous code (``gpuremote.xp``)."""
+    ray = _ray()
+    pool = get_pool(name)
+    try:
+        urls, secret = ray.get(pool._manager.place.remote(k))
+    except Exception as exc:
+        cause = getattr(exc, "cause", None) or exc
+        raise PoolError(str(cause)) from None
+    return urls, secret

@@ -1,0 +1,151 @@
+"""Copies between two proxies (``x.to_device(other)``): proxy to proxy, else through the client."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import gpuremote
+import gpuremote.xp as xp
+from gpuremote.calls import CALLS_BY_NAME
+from gpuremote.peers import MAX_TICKETS_PER_SESSION, Tickets
+from gpuremote.proxy import Proxy
+
+
+class _Proxies:
+    """Proxies served on an event loop of a thread of their own (as separate machines are)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.proxies: list[Proxy] = []
+
+    def start(self, secret: bytes | None = None) -> tuple[Proxy, str]:
+        proxy = Proxy("numpy", secret=secret)
+        fut = asyncio.run_coroutine_threadsafe(proxy.start("tcp://127.0.0.1:0"), self.loop)
+        self.proxies.append(proxy)
+        return proxy, fut.result(10)
+
+    def run(self, fn: Any) -> Any:
+        """``fn()`` on the proxies' loop."""
+        out: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def call() -> None:
+            out.set_result(fn())
+
+        self.loop.call_soon_threadsafe(call)
+        return out.result(10)
+
+    def close(self) -> None:
+        for p in self.proxies:
+            asyncio.run_coroutine_threadsafe(p.close(), self.loop).result(20)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+@pytest.fixture
+def proxies() -> Iterator[_Proxies]:
+    p = _Proxies()
+    yield p
+    p.close()
+
+
+def _moved(d: xp.Device) -> int:
+    s = d.stats()
+    return int(s["bytes_sent"] + s["bytes_received"])
+
+
+def test_to_device_goes_proxy_to_proxy(proxies: _Proxies) -> None:
+    (pa, ua), (pb, ub) = proxies.start(), proxies.start()
+    host = np.random.default_rng(1).standard_normal((512, 1024)).astype(np.float32)  # 2 MiB
+    with xp.Device(ua) as a, xp.Device(ub) as b:
+        x = xp.asarray(host, device=a) * 2.0
+        a.synchronize()
+        before = _moved(a) + _moved(b)
+        y = x.to_device(b)
+        assert y.device is b and y.shape == x.shape and y.dtype == x.dtype
+        assert b.last_copy == "proxy to proxy"
+        z = y + 1.0  # usable on its new device
+        b.synchronize()
+        assert _moved(a) + _moved(b) - before < 16 * 1024  # only the calls, never the data
+        np.testing.assert_array_equal(np.asarray(z), host * 2.0 + 1.0)
+        assert len(pa.tickets) == 0  # the ticket was used up
+        assert pb.peers is not None and pb.peers.bytes_in == host.nbytes
+
+
+def test_unreachable_peer_falls_back_through_the_client(proxies: _Proxies) -> None:
+    # B's secret is not A's: B cannot open a link to A, so the client carries the data
+    (_, ua), (_, ub) = proxies.start(b"secret-a"), proxies.start(b"secret-b")
+    host = np.arange(10_000, dtype=np.int32)
+    with xp.Device(ua, secret=b"secret-a") as a, xp.Device(ub, secret=b"secret-b") as b:
+        x = xp.asarray(host, device=a)
+        y = x.to_device(b)
+        assert b.last_copy.startswith("through the client (cannot reach the proxy at")
+        np.testing.assert_array_equal(np.asarray(y), host)
+
+
+def test_arrays_on_two_devices_do_not_mix(proxies: _Proxies) -> None:
+    (_, ua), (_, ub) = proxies.start(), proxies.start()
+    with xp.Device(ua) as a, xp.Device(ub) as b:
+        x, y = xp.ones(3, device=a), xp.ones(3, device=b)
+        with pytest.raises(ValueError, match="two devices"):
+            x + y
+        info = xp.__array_namespace_info__()
+        assert a in info.devices() and b in info.devices()
+        np.testing.assert_array_equal(np.asarray(x + y.to_device(a)), 2.0)
+
+
+async def test_a_ticket_is_good_for_one_read(proxies: _Proxies) -> None:
+    (pa, ua), _ = proxies.start(), None
+    spec = CALLS_BY_NAME
+    async with gpuremote.connect(ua) as gpu:
+        x = gpu.asarray(np.arange(8, dtype=np.float32))
+        ticket, _ = await gpu._session.call(spec["peer_export"], 0, [x._wire])
+        value, bufs = await gpu._session.call(spec["peer_read"], 0, [ticket])
+        np.testing.assert_array_equal(np.frombuffer(bufs[value], np.float32), np.arange(8))
+        with pytest.raises(gpuremote.RemoteCallError, match="unknown or expired ticket"):
+            await gpu._session.call(spec["peer_read"], 0, [ticket])
+        with pytest.raises(gpuremote.RemoteCallError, match="unknown or expired ticket"):
+            await gpu._session.call(spec["peer_read"], 0, ["not-a-ticket"])
+        for _ in range(MAX_TICKETS_PER_SESSION):
+            await gpu._session.call(spec["peer_export"], 0, [x._wire])
+        with pytest.raises(gpuremote.RemoteCallError, match="exported arrays not yet read"):
+            await gpu._session.call(spec["peer_export"], 0, [x._wire])
+        assert proxies.run(lambda: len(pa.tickets)) == MAX_TICKETS_PER_SESSION
+    for _ in range(100):  # the session's tickets go with it
+        if proxies.run(lambda: len(pa.tickets)) == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert len(pa.tickets) == 0
+
+
+async def test_import_of_a_bad_ticket_names_the_cause(proxies: _Proxies) -> None:
+    (_, ua), (_, ub) = proxies.start(), proxies.start()
+    async with gpuremote.connect(ub) as gpu:
+        y = gpu.empty((4,), np.float32)
+        with pytest.raises(gpuremote.RemoteCallError, match="unknown or expired ticket"):
+            await gpu._session.call(CALLS_BY_NAME["peer_import"], 0, [y._wire, ua, "nope"])
+        with pytest.raises(gpuremote.RemoteCallError, match="cannot reach the proxy"):
+            await gpu._session.call(
+                CALLS_BY_NAME["peer_import"], 0, [y._wire, "tcp://127.0.0.1:1", "nope"]
+            )
+        np.testing.assert_array_equal(await (gpu.full((2,), 3.0) + 1).get(), 4.0)  # goes on
+
+
+def test_tickets_expire() -> None:
+    t = Tickets(ttl_s=0.0)
+    ticket = t.add(1, b"data", 4)
+    with pytest.raises(KeyError):
+        t.take(ticket)
+    t = Tickets()
+    t.add(1, b"a", 1)
+    t.add(2, b"b", 1)
+    t.drop_session(1)
+    assert len(t) == 1 and t.held_bytes() == 1
