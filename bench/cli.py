@@ -173,6 +173,14 @@ def add_bench_parser(sub: Any) -> None:
     fl.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
     fl.set_defaults(func=_flood)
 
+    pe = bs.add_parser("peer", help="x.to_device(other): proxy to proxy vs through the client")
+    pe.add_argument("--url", default=None, help="pool://NAME (default: two local proxies)")
+    pe.add_argument("--backend", default="numpy", help="of the local proxies")
+    pe.add_argument("--mib", type=int, default=64, help="array size")
+    pe.add_argument("--rounds", type=int, default=5, help="per path, interleaved")
+    pe.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
+    pe.set_defaults(func=_peer)
+
     a = bs.add_parser("api", help="calls per second: synchronous versus pipelined")
     _common(a)
     a.add_argument("--calls", type=int, default=10_000)
@@ -406,6 +414,37 @@ def _tenants(args: argparse.Namespace) -> int:
         _print_json(result)
         return 0
     Console().print(tenants_view(result))
+    return 0
+
+
+def _peer(args: argparse.Namespace) -> int:
+    from .peer import PeerConfig, run_peer
+
+    cfg = PeerConfig(url=args.url, backend=args.backend, mib=args.mib, rounds=args.rounds)
+    view = _status("gpuremote bench peer", ("round", "rounds"))
+    result = _drive(args, view, lambda report: run_peer(cfg, report))
+    if args.json:
+        _print_json(result)
+        return 0
+    rows = [
+        (
+            label,
+            f"{result[key]['median_s'] * 1e3:,.1f}",
+            f"{result[key]['min_s'] * 1e3:,.1f}",
+            f"{result[key]['gb_per_s']:,.2f}",
+            f"{result[key]['client_bytes']:,}",
+        )
+        for key, label in (("direct", "proxy to proxy"), ("through_client", "through the client"))
+    ]
+    title = (
+        f"gpuremote bench peer: x.to_device(other) of {result['bytes'] / 2**20:,.0f} MiB, "
+        f"{result['rounds']} rounds each, A B A B (the direct path went {result['route']})"
+    )
+    cols = ("path", "median ms", "min ms", "GB/s", "client bytes")
+    Console().print(result_table(title, cols, rows))
+    Console().print(
+        f"through the client / proxy to proxy: {result['through_client_over_direct']:.2f}x"
+    )
     return 0
 
 

@@ -189,3 +189,14 @@ def test_bench_ops_pins_the_two_processes(cli_json: Callable[..., Any], cli: Any
     # in process there is no second process to place: a clear error, not a silent run
     proc = cli("bench", "ops", "--transport", "inproc", "--pin", "same", "--cases", "sync_op")
     assert proc.returncode != 0 and "--pin needs the proxy the bench starts" in proc.stderr
+
+
+def test_bench_peer_json(cli_json: Callable[..., Any]) -> None:
+    result = cli_json("bench", "peer", "--mib", "4", "--rounds", "2")
+    assert result["bench"] == "peer" and result["bytes"] == 4 << 20
+    assert result["route"] == "proxy to proxy"
+    assert result["direct"]["client_bytes"] < 64 * 1024
+    assert result["through_client"]["client_bytes"] >= 2 * result["bytes"]
+    for path in ("direct", "through_client"):
+        assert result[path]["median_s"] > 0 and result[path]["gb_per_s"] > 0
+    assert result["through_client_over_direct"] > 0
