@@ -180,7 +180,9 @@ def test_pool_cli(ray_address: str, cli: Any) -> None:
 async def test_bench_load_spreads_over_the_pool(pool: Any) -> None:
     from gpuremote.bench.load import LoadConfig, run_load
 
-    result = await run_load(LoadConfig(url="pool://test-pool", clients=6, ops=200, light_period_ms=0))
+    result = await run_load(
+        LoadConfig(url="pool://test-pool", clients=6, ops=200, light_period_ms=0)
+    )
     assert result["errors"] == 0 and result["verified"] == 6
     per_proxy = result["per_proxy"]
     # both proxies serve (short clients that end early free their proxy for later ones)
