@@ -19,7 +19,10 @@ import struct
 import threading
 from typing import Any
 
+import numpy as np
 from gpuremote.transports import Address
+
+from gpuremote.framing import byte_view
 
 __all__ = [
     "AsyncioClient",
@@ -27,6 +30,7 @@ __all__ = [
     "BlockingClient",
     "EchoServers",
     "ProtocolEchoClient",
+    "UcxxClient",
     "echo_service",
 ]
 
@@ -118,6 +122,7 @@ class EchoServers:
     what clients need."""
 
     def __init__(self, lsock: socket.socket, server: asyncio.Server, proto: asyncio.Server) -> None:
+        self.ucx_listener: Any = None  # the bare ucxx echo's, beside a ucx:// proxy
         self._lsock = lsock
         self._servers = (server, proto)
         self.ports = {
@@ -145,15 +150,100 @@ class EchoServers:
         self._lsock.close()
         for server in self._servers:
             server.close()
+        self.ucx_listener = None
 
 
 async def echo_service(proxy: Any, url: str) -> EchoServers:
     """A proxy service (``Proxy(services=[echo_service])``, ``serve --bench-echo``): the echo
-    servers beside the proxy, their ports told to clients as ``bench_echo``."""
-    host = Address.parse(url).host
+    servers beside the proxy, their ports told to clients as ``bench_echo``; beside a ucx://
+    proxy, a bare ucxx echo too (tagged messages on worker-address endpoints, on the same
+    progress driver as the proxy's own)."""
+    address = Address.parse(url)
+    host = address.host
     echo = await EchoServers.start(host if host[:1].isdigit() or ":" in host else "127.0.0.1")
+    if address.scheme == "ucx":
+        echo.ucx_listener, echo.ports["ucxx"] = await _ucx_echo_server()
     proxy.info["bench_echo"] = echo.ports
     return echo
+
+
+async def _ucx_echo_server() -> tuple[Any, int]:
+    from gpuremote.transports.ucx import RawUcx, raw_listen
+
+    def serve(ch: RawUcx) -> None:
+        out = [np.zeros(1 << 20, np.uint8)]
+
+        def reply(nrep: int) -> None:
+            if nrep:
+                if out[0].size < nrep:
+                    out[0] = np.zeros(nrep, np.uint8)
+                ch.send(byte_view(out[0][:nrep]), lambda exc: None)
+            ch.next_message(on_message)
+
+        def on_message(msg: Any) -> None:
+            nreq, nrep = REQ.unpack(msg[: REQ.size].tobytes())
+            if nreq > _MAX or nrep > _MAX:
+                ch.close()
+                return
+            if msg.size - REQ.size >= nreq:  # the payload came in the same message
+                reply(nrep)
+                return
+            # into fresh memory, as the proxy receives an upload (its buffer becomes the array)
+            ch.recv(np.empty(nreq, np.uint8), lambda exc: None if exc else reply(nrep))
+
+        ch.next_message(on_message)
+
+    return await raw_listen(serve)
+
+
+class UcxxClient:
+    """A bare ucxx client of the same protocol (``_ucx_echo_server``): one message per
+    request (header and payload joined up to 16 KiB, else two), one receive for the reply.
+    Replies over 1 MiB land in fresh memory, and the server receives uploads into fresh
+    memory, as gpuremote must (each ``get()`` is a new array; an upload becomes the array)."""
+
+    def __init__(self, channel: Any) -> None:
+        self._ch = channel
+        self._rbuf = np.empty(1 << 20, np.uint8)
+
+    @classmethod
+    async def connect(cls, port: int, host: str = "127.0.0.1") -> UcxxClient:
+        from gpuremote.transports.ucx import raw_connect
+
+        return cls(await raw_connect(host, port))
+
+    async def request(self, payload: memoryview, nreply: int) -> None:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+
+        def done(exc: BaseException | None) -> None:
+            if fut.done():
+                return
+            if exc is not None:
+                fut.set_exception(ConnectionError(f"the ucxx baseline failed: {exc}"))
+            else:
+                fut.set_result(None)
+
+        if nreply:
+            # large replies into fresh memory, as gpuremote's get() returns a new array
+            buf = self._rbuf[:nreply] if nreply <= self._rbuf.size else np.empty(nreply, np.uint8)
+            self._ch.recv(buf, done)
+
+        def failed(exc: BaseException | None) -> None:
+            if exc is not None:
+                done(exc)
+
+        sent = failed if nreply else done  # without a reply, the send is the end
+        head = REQ.pack(payload.nbytes, nreply)
+        if payload.nbytes <= 16 << 10:
+            self._ch.send(memoryview(head + bytes(payload)), sent)
+        else:
+            self._ch.send(memoryview(head), failed)
+            self._ch.send(payload, sent)
+        await fut
+
+    def close(self) -> None:
+        self._ch.close()
 
 
 class BlockingClient:
@@ -253,10 +343,13 @@ class Baselines:
         blocking: BlockingClient | None,
         asyncio_client: AsyncioClient | None,
         why_not: str | None,
+        ucxx: UcxxClient | None = None,
     ) -> None:
         self.blocking = blocking
         self.asyncio = asyncio_client
         self.why_not = why_not
+        #: the bare ucxx echo, where the proxy is a ucx:// one
+        self.ucxx = ucxx
 
     @classmethod
     async def open(cls, device: dict[str, Any], host: str, wanted: bool = True) -> Baselines:
@@ -270,10 +363,14 @@ class Baselines:
                 "the proxy serves no echo baselines (start it with `gpuremote serve --bench-echo`)",
             )
         blocking = BlockingClient(int(ports["blocking"]), host)
-        return cls(blocking, await AsyncioClient.connect(int(ports["asyncio"]), host), None)
+        ucxx = await UcxxClient.connect(int(ports["ucxx"]), host) if "ucxx" in ports else None
+        aio = await AsyncioClient.connect(int(ports["asyncio"]), host)
+        return cls(blocking, aio, None, ucxx)
 
     def close(self) -> None:
         if self.blocking is not None:
             self.blocking.close()
         if self.asyncio is not None:
             self.asyncio.close()
+        if self.ucxx is not None:
+            self.ucxx.close()

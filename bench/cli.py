@@ -90,6 +90,12 @@ def add_bench_parser(sub: Any) -> None:
     t.add_argument("--min-reps", type=int, default=5)
     t.add_argument("--max-reps", type=int, default=200)
     t.add_argument("--csv", default=None, metavar="FILE", help="write the raw samples here")
+    t.add_argument(
+        "--compare",
+        default=None,
+        metavar="T1,T2",
+        help="run the sweep over each transport (e.g. tcp,ucx) and put them side by side",
+    )
     t.set_defaults(func=_throughput)
 
     lo = bs.add_parser("load", help="many concurrent clients, each verifying its result")
@@ -293,6 +299,8 @@ def _throughput(args: argparse.Namespace) -> int:
         min_reps=args.min_reps,
         max_reps=args.max_reps,
     )
+    if args.compare:
+        return _throughput_compare(args, cfg)
     result, raw = _drive(args, throughput_view, lambda report: run_throughput(cfg, report))
     if args.csv:
         with open(args.csv, "w", newline="") as fh:
@@ -311,6 +319,37 @@ def _throughput(args: argparse.Namespace) -> int:
         f"peak memory during a {peak['payload_mb']:.0f} MB upload and download: "
         f"client {peak['client']:.0f} MB, proxy {proxy}"
     )
+    return 0
+
+
+def _throughput_compare(args: argparse.Namespace, cfg: Any) -> int:
+    from .throughput import run_compare
+
+    transports = [t.strip() for t in args.compare.split(",") if t.strip()]
+    view = _status("gpuremote bench throughput --compare", ("transport", "current"))
+    result = _drive(args, view, lambda report: run_compare(cfg, transports, report))
+    if args.json:
+        _print_json(result)
+        return 0
+    by = {(r["transport"], r["size"], r["direction"]): r for r in result["results"]}
+    versus = {
+        (v["transport"], v["size"], v["direction"]): v["ratio"] for v in result["versus_first"]
+    }
+    rows = []
+    for (t, size, direction), r in by.items():
+        vs = versus.get((t, size, direction))
+        rows.append(
+            (
+                t,
+                direction,
+                f"{size:,}",
+                f"{r['gbps']:.2f}",
+                "-" if r["ratio"] is None else f"{r['ratio']:.2f}",
+                "-" if vs is None else f"{vs:.2f}",
+            )
+        )
+    cols = ("transport", "direction", "bytes", "GB/s", "x own bare", f"x {transports[0]}")
+    Console().print(result_table("gpuremote bench throughput --compare", cols, rows))
     return 0
 
 

@@ -79,6 +79,13 @@ async def _measure(
 
         paths["blocking"] = run_blocking
         paths["asyncio"] = run_asyncio
+    if base.ucxx is not None:
+        u = base.ucxx
+
+        async def run_ucxx() -> None:
+            await u.request(payload, cfg.size)
+
+        paths["ucxx"] = run_ucxx
     echo = await gpu.ping(payload)
     if bytes(echo) != bytes(payload):
         raise gpuremote.GpuRemoteError("ping echo does not match what was sent")
@@ -145,4 +152,6 @@ def _result(
         "baselines": base,
         "ratio_p50": ratio(rtt["p50"], ref["p50"]) if ref else None,
         "ratio_p50_blocking": ratio(rtt["p50"], base["blocking"]["p50"]) if base else None,
+        # ucx://: against bare ucxx tagged messages on the same endpoints and driver
+        "ratio_p50_ucxx": ratio(rtt["p50"], base["ucxx"]["p50"]) if "ucxx" in base else None,
     }

@@ -20,7 +20,7 @@ from .baseline import Baselines
 from .stats import gbps, ratio
 from .target import Target, TargetOptions, open_target
 
-__all__ = ["DEFAULT_SIZES", "ThroughputConfig", "run_throughput"]
+__all__ = ["DEFAULT_SIZES", "ThroughputConfig", "run_compare", "run_throughput"]
 
 DEFAULT_SIZES = [4096 * 4**i for i in range(9)]  # 4 KiB .. 256 MiB
 _EMPTY = memoryview(b"")
@@ -104,6 +104,10 @@ def _paths(
         async def asyncio_path() -> None:
             assert a is not None
             await a.request(view, 8)
+
+        async def ucxx_path() -> None:
+            assert base.ucxx is not None
+            await base.ucxx.request(view, 8)
     else:
 
         async def gpuremote_path() -> None:
@@ -117,9 +121,16 @@ def _paths(
             assert a is not None
             await a.request(_EMPTY, size)
 
-    if b is None or a is None:
-        return {"gpuremote": gpuremote_path}
-    return {"gpuremote": gpuremote_path, "blocking": blocking_path, "asyncio": asyncio_path}
+        async def ucxx_path() -> None:
+            assert base.ucxx is not None
+            await base.ucxx.request(_EMPTY, size)
+
+    paths: dict[str, Callable[[], Any]] = {"gpuremote": gpuremote_path}
+    if b is not None and a is not None:
+        paths.update(blocking=blocking_path, asyncio=asyncio_path)
+    if base.ucxx is not None:
+        paths["ucxx"] = ucxx_path
+    return paths
 
 
 async def _sweep(
@@ -174,6 +185,7 @@ async def _sweep(
             g = gbps(size, times["gpuremote"])
             base_gbps = gbps(size, times["blocking"]) if "blocking" in times else None
             aio = gbps(size, times["asyncio"]) if "asyncio" in times else None
+            ucxx = gbps(size, times["ucxx"]) if "ucxx" in times else None
             results.append(
                 {
                     "size": size,
@@ -183,7 +195,10 @@ async def _sweep(
                     "gbit_s": g * 8,
                     "baseline_gbps": base_gbps,
                     "asyncio_gbps": aio,
-                    "ratio": ratio(g, base_gbps),
+                    "ucxx_gbps": ucxx,
+                    # to this transport's own bare baseline: ucxx for ucx://, sockets else
+                    "ratio": ratio(g, ucxx if ucxx is not None else base_gbps),
+                    "transport": target.transport,
                 }
             )
             state["done"] = len(results)
@@ -204,3 +219,40 @@ async def _sweep(
         },
     }
     return result, raw
+
+
+async def run_compare(
+    cfg: ThroughputConfig,
+    transports: list[str],
+    report: Callable[[dict[str, Any]], None] = lambda s: None,
+) -> dict[str, Any]:
+    """The sweep over each of ``transports`` (one proxy each, one after the other), every row
+    with its ratio to that transport's own bare baseline (interleaved with it), and per size
+    and direction each transport's bandwidth over the first's."""
+    from dataclasses import replace
+
+    runs = []
+    for t in transports:
+        result, _ = await run_throughput(replace(cfg, transport=t, url=None), report)
+        runs.append(result)
+    rows = [row for r in runs for row in r["results"]]
+    first = {(r["size"], r["direction"]): r["gbps"] for r in runs[0]["results"]}
+    versus = []
+    for run in runs[1:]:
+        for r in run["results"]:
+            versus.append(
+                {
+                    "transport": run["transport"],
+                    "versus": runs[0]["transport"],
+                    "size": r["size"],
+                    "direction": r["direction"],
+                    "ratio": ratio(r["gbps"], first.get((r["size"], r["direction"]))),
+                }
+            )
+    return {
+        "bench": "throughput",
+        "compare": transports,
+        "results": rows,
+        "versus_first": versus,
+        "runs": [{k: v for k, v in r.items() if k != "results"} for r in runs],
+    }

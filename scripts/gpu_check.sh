@@ -46,6 +46,9 @@ check demo "$bin/gpuremote" demo --backend cupy
 check bench-ops "$bin/gpuremote" bench ops --backend cupy --json --iterations 1000 --rounds 3
 check bench-tenants "$bin/gpuremote" bench tenants --backend cupy --json --seconds 2 --n 4096 --matmuls 8
 check bench-throughput "$bin/gpuremote" bench throughput --backend cupy --json
+check ucx-tests env UCX_WARN_UNUSED_ENV_VARS=n "$bin/python" -m pytest -q tests/test_ucx.py
+check bench-compare env UCX_WARN_UNUSED_ENV_VARS=n "$bin/gpuremote" bench throughput \
+    --backend cupy --compare tcp,ucx --sizes 1m,64m,256m --json
 
 echo
 echo "gpu_check summary:"

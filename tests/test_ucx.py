@@ -45,3 +45,121 @@ async def test_large_arrays_cross_intact() -> None:
             np.testing.assert_array_equal(await (x * 2.0).get(), data * 2.0)
     finally:
         await proxy.close()
+
+
+def _cpu_s(pid: int) -> float:
+    """utime + stime of a process, from /proc."""
+    import os
+    from pathlib import Path
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def test_idle_processes_cost_no_cpu() -> None:
+    """Two processes, as deployed: an idle connected client and its proxy stay asleep."""
+    from gpuremote.localproxy import LocalProxy
+
+    with LocalProxy("ucx", "numpy", extra_args=("--quiet",)) as p:
+        async with gpuremote.connect(p.url) as gpu:
+            assert gpu._session.conn.path == "worker address"
+            assert (await (gpu.asarray(np.ones(8, np.float32)) + 1.0).get())[0] == 2.0
+            await asyncio.sleep(0.2)
+            p0, c0, t0 = _cpu_s(p.pid), time.process_time(), time.perf_counter()
+            await asyncio.sleep(3.0)
+            wall = time.perf_counter() - t0
+            proxy, client = _cpu_s(p.pid) - p0, time.process_time() - c0
+        assert proxy < 0.05 * wall, f"idle proxy: {proxy:.3f} s of CPU in {wall:.1f} s"
+        assert client < 0.05 * wall, f"idle client: {client:.3f} s of CPU in {wall:.1f} s"
+        await asyncio.sleep(0.3)
+        p0, t0 = _cpu_s(p.pid), time.perf_counter()
+        await asyncio.sleep(2.0)
+        after = _cpu_s(p.pid) - p0
+        assert after < 0.05 * (time.perf_counter() - t0), f"proxy after the client: {after:.3f}"
+
+
+async def test_a_killed_proxy_fails_the_client_at_once() -> None:
+    from gpuremote.localproxy import LocalProxy
+
+    with LocalProxy("ucx", "numpy", extra_args=("--quiet",)) as p:
+        gpu = await gpuremote.connect(p.url, call_timeout_s=30)
+        x = gpu.asarray(np.ones(1 << 16, np.float32))
+        await gpu.synchronize()
+        assert p.proc is not None
+        p.proc.kill()
+        start = time.monotonic()
+        with pytest.raises(gpuremote.ConnectionClosed):
+            while time.monotonic() - start < 20:
+                await (x + 1.0).get()
+        assert time.monotonic() - start < 10.0
+        await gpu.aclose()
+
+
+async def test_a_killed_client_frees_its_session() -> None:
+    import subprocess
+    import sys
+
+    proxy = Proxy("numpy")
+    url = await proxy.start("ucx://127.0.0.1:0")
+    script = (
+        "import sys, time, numpy as np, gpuremote\n"
+        "async def main():\n"
+        "    gpu = await gpuremote.connect(sys.argv[1])\n"
+        "    x = gpu.asarray(np.ones(1 << 20, np.float32))\n"
+        "    await gpu.synchronize()\n"
+        "    print('ready', flush=True)\n"
+        "    time.sleep(60)\n"
+        "gpuremote.run(main())\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script, url], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(child.stdout.readline), 30)
+        assert line.strip() == "ready"
+        assert proxy.stats()["device_bytes"] == 4 << 20
+        child.kill()
+        for _ in range(200):
+            if not proxy.clients:
+                break
+            await asyncio.sleep(0.05)
+        assert not proxy.clients and proxy.stats()["device_bytes"] == 0
+    finally:
+        child.kill()
+        child.wait()
+        await proxy.close()
+
+
+async def test_sixteen_clients_verify_their_results() -> None:
+    from gpuremote.bench.load import LoadConfig, run_load
+
+    cfg = LoadConfig(transport="ucx", backend="numpy", clients=16, ops=1000, light_period_ms=0)
+    result = await run_load(cfg)
+    assert result["errors"] == 0, result["error_messages"]
+    assert result["verified"] == 16
+
+
+async def test_shm_0_keeps_the_listener_endpoint() -> None:
+    proxy = Proxy("numpy")
+    url = await proxy.start("ucx://127.0.0.1:0")
+    try:
+        async with gpuremote.connect(url + "?shm=0") as gpu:
+            assert gpu._session.conn.path == "listener"
+            np.testing.assert_array_equal(await (gpu.full((3,), 2.0) * 2.0).get(), 4.0)
+    finally:
+        await proxy.close()
+
+
+async def test_the_bare_ucxx_baselines_run_beside_the_proxy() -> None:
+    """``bench throughput``/``ping`` over ucx:// interleave a bare ucxx echo in the proxy's
+    process; uploads land there in fresh memory (which must live until UCX is done)."""
+    from gpuremote.bench.ping import PingConfig, run_ping
+    from gpuremote.bench.throughput import ThroughputConfig, run_throughput
+
+    cfg = ThroughputConfig(transport="ucx", backend="numpy", sizes=[4096, 1 << 20], max_reps=8)
+    result, _ = await run_throughput(cfg)
+    assert {r["direction"] for r in result["results"]} == {"h2d", "d2h"}
+    for row in result["results"]:
+        assert row["ucxx_gbps"] > 0 and row["ratio"] > 0, row
+    ping, _ = await run_ping(PingConfig(transport="ucx", backend="numpy", count=300, warmup=20))
+    assert ping["baselines"]["ucxx"]["p50"] > 0
+    assert ping["ratio_p50_ucxx"] > 0

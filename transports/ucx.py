@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import os
 import struct
 import weakref
 from collections.abc import Callable
@@ -33,7 +35,7 @@ from gpuremote.framing import HEADER, MAGIC, VERSION, Frame, FrameLimits, byte_v
 
 from .base import Address, Connection, ConnectionHandler, FrameInbox, Listener, Transport
 
-__all__ = ["UcxConnection", "UcxListener", "UcxTransport"]
+__all__ = ["RawUcx", "UcxConnection", "UcxListener", "UcxTransport", "raw_connect", "raw_listen"]
 
 Done = Callable[[BaseException | None], None]
 
@@ -48,6 +50,8 @@ class _Driver:
         self.worker = ucx_api.UCXWorker(self.context)
         self.worker.init_blocking_progress_mode()
         self._pending: list[tuple[Any, Done, object]] = []
+        #: connections waiting for a message on their tag (to be probed after progress)
+        self.probers: set[UcxConnection | RawUcx] = set()
         self._scheduled = False
         self.in_progress = False  # inside the worker's progress (its callbacks run there)
         loop.add_reader(self.worker.epoll_file_descriptor, self.progress)
@@ -62,8 +66,9 @@ class _Driver:
 
     def forget(self, owner: object) -> list[Any]:
         """Stop watching ``owner``'s requests (its endpoint is about to close, which ends
-        them); returns them, to be kept alive until then."""
-        mine = [r for r, _, o in self._pending if o is owner]
+        them); returns them with their callbacks (which hold the buffers UCX may still write
+        into), to be kept alive until then."""
+        mine = [p for p in self._pending if p[2] is owner]
         self._pending = [p for p in self._pending if p[2] is not owner]
         return mine
 
@@ -91,6 +96,9 @@ class _Driver:
                     break
             if self._pending:
                 self._complete()
+            if self.probers:
+                for conn in list(self.probers):
+                    conn._probe()
             if worker.arm():
                 return
         self.soon()
@@ -130,13 +138,32 @@ def _driver() -> _Driver:
     return driver
 
 
-class UcxConnection(Connection):
-    """A UCX endpoint carrying frames."""
+#: the transport's own hello, over the listener's endpoint: magic, flags, tag, address length
+_HELLO = struct.Struct("<4sIQI")
+_HELLO_MAGIC = b"GRUX"
+_FAST = 1  # flag: this side wants worker-address endpoints
 
-    def __init__(self, driver: _Driver, endpoint: Any, limits: FrameLimits, peer: str) -> None:
+
+class UcxConnection(Connection):
+    """A UCX endpoint carrying frames.
+
+    Made on the endpoint of UCX's listener (its tcp transport on most hosts), which stays open
+    to tell when the peer goes. After the hello, the frames go over an endpoint made from the
+    peer's worker address (what UCX reaches fastest: shared memory or CMA on one host, RDMA
+    where there is some) as tagged messages, unless either side said no (``?shm=0``)."""
+
+    def __init__(
+        self,
+        driver: _Driver,
+        endpoint: Any,
+        limits: FrameLimits,
+        peer: str,
+        allocate: Callable[[int], memoryview] | None = None,
+    ) -> None:
         self._driver = driver
         self._ep = endpoint
         self._limits = limits
+        self._allocate = allocate
         self.peer = peer
         self._inbox = FrameInbox()
         self._receiver: Callable[[Frame], None] | None = None
@@ -148,12 +175,85 @@ class UcxConnection(Connection):
         self._sending = 0  # bytes handed to UCX and not yet sent
         self._drainers: list[asyncio.Future[None]] = []
         self._keep: dict[int, Any] = {}  # buffers of sends in flight
+        self._fast_ep: Any = None  # the worker-address endpoint, once the hello chose it
+        self._my_tag: Any = None
+        self._peer_tag: Any = None
+        #: "worker address" (tagged messages) or "listener" (the stream of the first endpoint)
+        self.path = "listener"
+        self._hello_wait: asyncio.Future[np.ndarray[Any, Any]] | None = None
         endpoint.set_close_callback(self._peer_closed)
-        self._read_header()
+
+    # -- the hello -------------------------------------------------------------------------
+    async def hello(self, fast: bool, timeout: float = 10.0, start: bool = True) -> None:
+        """Exchange hellos with the peer; then frames flow (over the path both chose), from
+        ``start`` on."""
+        worker = self._driver.worker
+        address = worker.address.tobytes() if fast else b""
+        tag = int.from_bytes(os.urandom(8), "little")
+        self._stream_send(_HELLO.pack(_HELLO_MAGIC, _FAST if fast else 0, tag, len(address)))
+        if address:
+            self._stream_send(address)
+        try:
+            raw = await asyncio.wait_for(self._stream_recv(_HELLO.size), timeout)
+            magic, flags, peer_tag, n = _HELLO.unpack(raw.tobytes())
+            if magic != _HELLO_MAGIC or n > 1 << 16:
+                raise RemoteProtocolError("not a gpuremote ucx:// peer (bad hello)")
+            peer_address = (await asyncio.wait_for(self._stream_recv(n), timeout)).tobytes()
+        except TimeoutError:
+            self.close()
+            raise ConnectionClosed(f"{self.peer}: no hello within {timeout} s") from None
+        except ProtocolError:
+            self.close()
+            raise
+        if fast and flags & _FAST and peer_address:
+            try:
+                self._fast_ep = ucx_api.UCXEndpoint.create_from_worker_address(
+                    worker, ucx_api.UCXAddress.create_from_buffer(peer_address), False
+                )
+            except Exception as exc:
+                self.close()
+                raise ConnectionClosed(f"{self.peer}: cannot reach its worker: {exc}") from None
+            self._my_tag, self._peer_tag = ucx_api.UCXXTag(tag), ucx_api.UCXXTag(peer_tag)
+            self.path = "worker address"
+        if start:
+            self._read_header()
+
+    def _stream_send(self, data: bytes) -> None:
+        view = memoryview(data)
+        self._keep[id(view)] = view
+
+        def done(exc: BaseException | None, key: int = id(view)) -> None:
+            self._keep.pop(key, None)
+            if exc is not None:
+                self._fail(ConnectionClosed(f"{self.peer}: {exc}"))
+
+        self._driver.track(self._ep.stream_send(UcxArray(view)), done, self)
+
+    async def _stream_recv(self, nbytes: int) -> np.ndarray[Any, Any]:
+        fut: asyncio.Future[np.ndarray[Any, Any]] = self._driver.loop.create_future()
+
+        def got(buf: np.ndarray[Any, Any]) -> None:
+            if not fut.done():
+                fut.set_result(buf)
+
+        self._read(nbytes, got)
+        if self._closed:
+            raise self._why_exc()
+        self._hello_wait = fut
+        try:
+            return await fut
+        finally:
+            self._hello_wait = None
 
     # -- receiving -------------------------------------------------------------------------
+    def _buffer(self, nbytes: int) -> np.ndarray[Any, Any]:
+        if self._allocate is None or nbytes == 0:
+            return np.empty(nbytes, dtype=np.uint8)
+        return np.frombuffer(self._allocate(nbytes), dtype=np.uint8)
+
     def _read(self, nbytes: int, then: Callable[[np.ndarray[Any, Any]], None]) -> None:
-        buf = np.empty(nbytes, dtype=np.uint8)
+        """The next ``nbytes`` of the listener endpoint's stream."""
+        buf = self._buffer(nbytes)
         if nbytes == 0:
             then(buf)
             return
@@ -172,10 +272,37 @@ class UcxConnection(Connection):
         if self._paused:
             self._resume = self._read_header
             return
-        self._read(HEADER.size, self._got_header)
+        if self._fast_ep is not None:
+            self._probe()
+        else:
+            self._read(HEADER.size, self._got_header)
 
-    def _got_header(self, head: np.ndarray[Any, Any]) -> None:
-        magic, version, _flags, meta_len, nbufs = HEADER.unpack(head.tobytes())
+    def _probe(self) -> None:
+        """Take the next message on this connection's tag, if one came (else the driver
+        probes again after its next progress)."""
+        driver = self._driver
+        if self._closed or self._paused:
+            driver.probers.discard(self)
+            if self._paused and not self._closed:
+                self._resume = self._read_header
+            return
+        probe = driver.worker.tag_probe(self._my_tag, remove=True)
+        if not probe.matched:
+            driver.probers.add(self)
+            return
+        driver.probers.discard(self)
+        buf = np.empty(probe.length, dtype=np.uint8)
+
+        def done(exc: BaseException | None) -> None:
+            if exc is not None:
+                self._fail(ConnectionClosed(f"{self.peer}: {exc}"))
+            elif not self._closed:
+                self._got_message(buf)
+
+        driver.track(driver.worker.tag_recv_with_handle(UcxArray(buf), probe), done, self)
+
+    def _check_header(self, head: bytes) -> tuple[int, int] | None:
+        magic, version, _flags, meta_len, nbufs = HEADER.unpack(head)
         lim = self._limits
         try:
             if magic != MAGIC or version != VERSION:
@@ -184,7 +311,76 @@ class UcxConnection(Connection):
                 raise LimitExceeded(f"a frame of {nbufs} buffers and {meta_len} metadata bytes")
         except ProtocolError as exc:
             self._fail(exc)
+            return None
+        return meta_len, nbufs
+
+    def _check_lengths(self, meta_len: int, lengths: list[int]) -> bool:
+        if meta_len + sum(lengths) > self._limits.max_frame_bytes:
+            self._fail(LimitExceeded(f"frame of {meta_len + sum(lengths)} bytes"))
+            return False
+        return True
+
+    def _got_message(self, raw: np.ndarray[Any, Any]) -> None:
+        """A frame's first message on the tagged path: header, lengths, metadata, and the
+        buffers too when the sender joined a small frame into one piece."""
+        if raw.size < HEADER.size:
+            self._fail(RemoteProtocolError(f"a message of {raw.size} bytes: not a frame"))
             return
+        checked = self._check_header(raw[: HEADER.size].tobytes())
+        if checked is None:
+            return
+        meta_len, nbufs = checked
+        at = HEADER.size + 8 * nbufs
+        lengths = list(struct.unpack(f"<{nbufs}Q", raw[HEADER.size : at].tobytes()))
+        if not self._check_lengths(meta_len, lengths):
+            return
+        meta = raw[at : at + meta_len].tobytes()
+        at += meta_len
+        if raw.size == at + sum(lengths):  # everything in this one message
+            bufs = []
+            for n in lengths:
+                bufs.append(byte_view(raw[at : at + n]))
+                at += n
+            self._deliver(Frame(meta, bufs))
+            self._read_header()
+        elif raw.size == at:  # each buffer follows as a message of its own
+            self._recv_buffers(meta, lengths)
+        else:
+            self._fail(
+                RemoteProtocolError(f"a message of {raw.size} bytes does not match its frame")
+            )
+
+    def _recv_buffers(self, meta: bytes, lengths: list[int]) -> None:
+        got: list[memoryview | None] = [None] * len(lengths)
+        left = sum(1 for n in lengths if n)
+
+        def arrived(i: int, buf: np.ndarray[Any, Any], exc: BaseException | None) -> None:
+            nonlocal left
+            if exc is not None:
+                self._fail(ConnectionClosed(f"{self.peer}: {exc}"))
+                return
+            got[i] = byte_view(buf)
+            left -= 1
+            if not left and not self._closed:
+                self._deliver(Frame(meta, [g for g in got if g is not None]))
+                self._read_header()
+
+        for i, n in enumerate(lengths):
+            buf = self._buffer(n)
+            if not n:
+                got[i] = byte_view(buf)
+                continue
+            request = self._fast_ep.tag_recv(UcxArray(buf), self._my_tag)
+            self._driver.track(request, functools.partial(arrived, i, buf), self)
+        if not left:
+            self._deliver(Frame(meta, [g for g in got if g is not None]))
+            self._read_header()
+
+    def _got_header(self, head: np.ndarray[Any, Any]) -> None:
+        checked = self._check_header(head.tobytes())
+        if checked is None:
+            return
+        meta_len, nbufs = checked
         if nbufs:
             self._read(8 * nbufs, lambda raw: self._got_lengths(meta_len, raw))
         else:
@@ -192,8 +388,7 @@ class UcxConnection(Connection):
 
     def _got_lengths(self, meta_len: int, raw: np.ndarray[Any, Any]) -> None:
         lengths = list(struct.unpack(f"<{len(raw) // 8}Q", raw.tobytes()))
-        if meta_len + sum(lengths) > self._limits.max_frame_bytes:
-            self._fail(LimitExceeded(f"frame of {meta_len + sum(lengths)} bytes"))
+        if not self._check_lengths(meta_len, lengths):
             return
         self._read(meta_len, lambda meta: self._next_buffer(meta.tobytes(), lengths, []))
 
@@ -257,7 +452,12 @@ class UcxConnection(Connection):
                 elif not self._sending:
                     self._wake_drainers()
 
-            self._driver.track(self._ep.stream_send(UcxArray(view)), done, self)
+            fast = self._fast_ep
+            if fast is not None:
+                request = fast.tag_send(UcxArray(view), self._peer_tag)
+            else:
+                request = self._ep.stream_send(UcxArray(view))
+            self._driver.track(request, done, self)
 
     async def drain(self) -> None:
         while self._sending and not self._closed:
@@ -300,6 +500,10 @@ class UcxConnection(Connection):
             self._driver.loop.call_soon(self._teardown)
         else:
             self._teardown()
+        self._driver.probers.discard(self)
+        waiting = self._hello_wait
+        if waiting is not None and not waiting.done():
+            waiting.set_exception(self._why_exc())
         self._wake_drainers()
         self._inbox.wake()
         self._finish()
@@ -313,10 +517,14 @@ class UcxConnection(Connection):
         with contextlib.suppress(Exception):
             ep.remove_close_callback()
         self._driver.progress()  # learn first whether the peer already went
+        fast, self._fast_ep = self._fast_ep, None
+        if fast is not None:  # its receives posted end with it
+            with contextlib.suppress(Exception):
+                fast.close()
         if self._error is None and ep.alive:  # live: close it, so that the peer sees it go
             with contextlib.suppress(Exception):
                 ep.close()
-        self._dead_ep = ep  # UCX's objects go only with the connection
+        self._dead_eps = (ep, fast)  # UCX's objects go only with the connection
 
     def _finish(self) -> None:
         on_lost, self._on_lost = self._on_lost, None
@@ -342,9 +550,14 @@ class UcxListener(Listener):
 
 
 class UcxTransport(Transport):
-    """``ucx://host:port`` (see the module docstring)."""
+    """``ucx://host:port`` (see the module docstring); ``?shm=0`` keeps the frames on the
+    listener's endpoint instead of an endpoint made from the peer's worker address."""
 
     scheme = "ucx"
+
+    def _fast(self, address: Address) -> bool:
+        value = address.options.get("shm", self.settings.get("shm", "1"))
+        return str(value).lower() not in ("0", "false", "no", "off")
 
     async def connect(self, address: Address) -> Connection:
         driver = _driver()
@@ -354,17 +567,27 @@ class UcxTransport(Transport):
         except Exception as exc:
             raise ConnectionClosed(f"cannot connect to {address.url()}: {exc}") from None
         driver.soon()
-        return UcxConnection(driver, ep, self.limits, f"{host}:{address.port}")
+        conn = UcxConnection(driver, ep, self.limits, f"{host}:{address.port}", self.allocate)
+        await conn.hello(self._fast(address))
+        return conn
 
     async def listen(self, address: Address, handler: ConnectionHandler) -> Listener:
         driver = _driver()
         tasks: set[asyncio.Future[None]] = set()
         holder: list[Any] = []
+        fast = self._fast(address)
+
+        async def serve(conn: UcxConnection) -> None:
+            try:
+                await conn.hello(fast)
+            except (ConnectionClosed, ProtocolError):
+                return
+            await handler(conn)
 
         def accept(conn_request: Any) -> None:
             ep = holder[0].create_endpoint_from_conn_request(conn_request, True)
-            conn = UcxConnection(driver, ep, self.limits, "ucx-peer")
-            task: asyncio.Future[None] = asyncio.ensure_future(handler(conn))
+            conn = UcxConnection(driver, ep, self.limits, "ucx-peer", self.allocate)
+            task: asyncio.Future[None] = asyncio.ensure_future(serve(conn))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
 
@@ -378,3 +601,101 @@ class UcxTransport(Transport):
         holder.append(listener)
         host = address.host or "127.0.0.1"
         return UcxListener(listener, Address(self.scheme, host, listener.port).url(), tasks)
+
+
+class RawUcx:
+    """A bare tagged channel on a worker-address endpoint, with no framing: what the bench
+    measures gpuremote's ucx:// against (the same driver, the same endpoints)."""
+
+    def __init__(self, conn: UcxConnection) -> None:
+        if conn._fast_ep is None:
+            raise ConnectionClosed(f"{conn.peer}: no worker-address endpoint")
+        self._conn = conn
+        self._driver = conn._driver
+        self._then: Callable[[np.ndarray[Any, Any]], None] | None = None
+
+    def send(self, view: memoryview, done: Done) -> None:
+        """Send ``view`` as one message; ``done(exc or None)`` when sent."""
+        conn = self._conn
+        keep = conn._keep
+        keep[id(view)] = view
+
+        def sent(exc: BaseException | None, key: int = id(view)) -> None:
+            keep.pop(key, None)
+            done(exc)
+
+        self._driver.track(conn._fast_ep.tag_send(UcxArray(view), conn._peer_tag), sent, conn)
+
+    def recv(self, buf: np.ndarray[Any, Any], done: Done) -> None:
+        """Receive the next message, of exactly ``buf``'s size, into ``buf``."""
+        conn = self._conn
+
+        def got(exc: BaseException | None, buf: np.ndarray[Any, Any] = buf) -> None:
+            done(exc)  # ``buf`` lives here until then: UCX writes into it meanwhile
+
+        self._driver.track(conn._fast_ep.tag_recv(UcxArray(buf), conn._my_tag), got, conn)
+
+    def next_message(self, then: Callable[[np.ndarray[Any, Any]], None]) -> None:
+        """``then(message)`` with the next message, whatever its size."""
+        self._then = then
+        self._probe()
+
+    def _probe(self) -> None:
+        then, driver, conn = self._then, self._driver, self._conn
+        if then is None or conn.closed:
+            driver.probers.discard(self)
+            return
+        probe = driver.worker.tag_probe(conn._my_tag, remove=True)
+        if not probe.matched:
+            driver.probers.add(self)
+            return
+        driver.probers.discard(self)
+        self._then = None
+        buf = np.empty(probe.length, dtype=np.uint8)
+
+        def done(exc: BaseException | None) -> None:
+            if exc is None:
+                then(buf)
+
+        driver.track(driver.worker.tag_recv_with_handle(UcxArray(buf), probe), done, conn)
+
+    @property
+    def closed(self) -> bool:
+        return self._conn.closed
+
+    def close(self) -> None:
+        self._driver.probers.discard(self)
+        self._conn.close()
+
+
+async def raw_connect(host: str, port: int) -> RawUcx:
+    """A ``RawUcx`` channel to a ``raw_listen`` server."""
+    driver = _driver()
+    ep = ucx_api.UCXEndpoint.create(driver.worker, host, port, True)
+    driver.soon()
+    conn = UcxConnection(driver, ep, FrameLimits(), f"{host}:{port}")
+    await conn.hello(True, start=False)
+    return RawUcx(conn)
+
+
+async def raw_listen(on_channel: Callable[[RawUcx], None]) -> tuple[Any, int]:
+    """Accept ``RawUcx`` channels on a free port; returns (the listener, keep it, its port)."""
+    driver = _driver()
+    holder: list[Any] = []
+
+    async def serve(conn: UcxConnection) -> None:
+        with contextlib.suppress(ConnectionClosed, ProtocolError):
+            await conn.hello(True, start=False)
+            on_channel(RawUcx(conn))
+
+    def accept(conn_request: Any) -> None:
+        ep = holder[0].create_endpoint_from_conn_request(conn_request, True)
+        task = asyncio.ensure_future(serve(UcxConnection(driver, ep, FrameLimits(), "raw")))
+        holder.append(task)
+
+    def on_request(conn_request: Any, *args: Any) -> None:
+        driver.loop.call_soon(accept, conn_request)
+
+    listener = ucx_api.UCXListener.create(driver.worker, 0, on_request)
+    holder.insert(0, listener)
+    return listener, listener.port
