@@ -72,6 +72,29 @@ class _Driver:
         self._pending = [p for p in self._pending if p[2] is not owner]
         return mine
 
+    def take_message(
+        self,
+        tag: Any,
+        prober: UcxConnection | RawUcx,
+        owner: object,
+        done: Callable[[BaseException | None, np.ndarray[Any, Any]], None],
+    ) -> bool:
+        """Receive the next message on ``tag``, whatever its size, into a new buffer, then
+        ``done(exc or None, buffer)``; where none came yet, ``prober`` is asked again after
+        the next progress. Returns whether a message was taken."""
+        probe = self.worker.tag_probe(tag, remove=True)
+        if not probe.matched:
+            self.probers.add(prober)
+            return False
+        self.probers.discard(prober)
+        buf = np.empty(probe.length, dtype=np.uint8)
+        self.track(
+            self.worker.tag_recv_with_handle(UcxArray(buf), probe),
+            lambda exc: done(exc, buf),
+            owner,
+        )
+        return True
+
     def soon(self) -> None:
         """Progress from the loop soon (after something was posted)."""
         if not self._scheduled:
@@ -286,20 +309,14 @@ class UcxConnection(Connection):
             if self._paused and not self._closed:
                 self._resume = self._read_header
             return
-        probe = driver.worker.tag_probe(self._my_tag, remove=True)
-        if not probe.matched:
-            driver.probers.add(self)
-            return
-        driver.probers.discard(self)
-        buf = np.empty(probe.length, dtype=np.uint8)
 
-        def done(exc: BaseException | None) -> None:
+        def done(exc: BaseException | None, buf: np.ndarray[Any, Any]) -> None:
             if exc is not None:
                 self._fail(ConnectionClosed(f"{self.peer}: {exc}"))
             elif not self._closed:
                 self._got_message(buf)
 
-        driver.track(driver.worker.tag_recv_with_handle(UcxArray(buf), probe), done, self)
+        driver.take_message(self._my_tag, self, self, done)
 
     def _check_header(self, head: bytes) -> tuple[int, int] | None:
         magic, version, _flags, meta_len, nbufs = HEADER.unpack(head)
@@ -645,19 +662,14 @@ class RawUcx:
         if then is None or conn.closed:
             driver.probers.discard(self)
             return
-        probe = driver.worker.tag_probe(conn._my_tag, remove=True)
-        if not probe.matched:
-            driver.probers.add(self)
-            return
-        driver.probers.discard(self)
-        self._then = None
-        buf = np.empty(probe.length, dtype=np.uint8)
 
-        def done(exc: BaseException | None) -> None:
+        def done(exc: BaseException | None, buf: np.ndarray[Any, Any]) -> None:
             if exc is None:
                 then(buf)
 
-        driver.track(driver.worker.tag_recv_with_handle(UcxArray(buf), probe), done, conn)
+        self._then = None  # before: ``done`` may run at once, and ask for the next one
+        if not driver.take_message(conn._my_tag, self, conn, done):
+            self._then = then
 
     @property
     def closed(self) -> bool:
