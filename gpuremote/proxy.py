@@ -105,6 +105,9 @@ class Proxy:
         services, self._services = self._services, []
         for service in services:
             self._running.append(await service(self, listener.url))
+        # resolve malloc_trim now: done first in a flood's drain, its ctypes objects would
+        # outlive the flood inside its memory and keep that from going back to the OS
+        _release_free_memory()
         return listener.url
 
     async def _serve_connection(self, conn: Connection) -> None:

@@ -452,6 +452,29 @@ def test_data_type_functions(dev: Device) -> None:
     run()
 
 
+def test_dtypes_are_the_namespaces_own_and_equal_nothing_else(dev: Device) -> None:
+    # array-api-tests' test_can_cast expects `None == to` to be False for every dtype;
+    # NumPy's float64 equals None (np.dtype(None) is float64), the namespace's must not
+    assert not (None == xp.float64) and xp.float64 != None  # noqa: E711, SIM201, SIM300
+    assert xp.float64 != "float64" and xp.float32 != xp.float64
+    # ...while still meeting NumPy where user code does
+    assert xp.float32 == np.float32 and xp.float32 == np.dtype("float32")
+    assert np.dtype("float32") == xp.float32 and np.dtype(xp.int8) == np.int8
+    assert hash(xp.float32) == hash(np.dtype("float32"))
+    assert {np.dtype("int16"): 1}[xp.int16] == 1 and {xp.int16: 1}[np.dtype("int16")] == 1
+    assert np.zeros(2, dtype=xp.uint8).dtype == np.uint8
+    x = xp.asarray([1.0, 2.0], dtype=xp.float32)
+    assert x.dtype is xp.float32 and (x + 1).dtype is xp.float32
+    assert xp.asarray(np.zeros(3, np.int16)).dtype is xp.int16
+    assert xp.result_type(x, xp.float64) is xp.float64
+    assert xp.finfo(x).dtype is xp.float32 and xp.iinfo(xp.int8).dtype is xp.int8
+    assert type(xp.iinfo(xp.int64).max) is int
+    assert set(xp.__array_namespace_info__().dtypes().values()) >= {xp.bool, xp.complex128}
+    assert repr(xp.float32) == "gpuremote.xp.float32" and str(xp.float32) == "float32"
+    assert xp.sum(x, dtype=np.float64).dtype is xp.float64  # NumPy's dtypes are accepted
+    assert xp.can_cast(xp.bool, xp.float64) is False  # as array-api-strict says
+
+
 # -- manipulation -----------------------------------------------------------------------------
 def test_manipulation(dev: Device) -> None:
     @EXAMPLES

@@ -24,30 +24,30 @@ import math as _math
 from typing import Any as _Any
 from typing import overload as _overload
 
-import numpy as _np
-
 from . import _standard, fft, linalg
 from ._array import Array as Array
 from ._device import Device, default_device, open_devices, set_default_device
+from ._dtypes import NAMED as _NAMED
+from ._dtypes import DType as DType
 from ._functions import *  # noqa: F403
 from ._functions import _KINDS, isdtype
 
 __array_api_version__ = "2024.12"
 
-# dtypes (NumPy dtype objects: ``x.dtype == xp.float32`` as with NumPy)
-bool = _np.dtype("bool")
-int8 = _np.dtype("int8")
-int16 = _np.dtype("int16")
-int32 = _np.dtype("int32")
-int64 = _np.dtype("int64")
-uint8 = _np.dtype("uint8")
-uint16 = _np.dtype("uint16")
-uint32 = _np.dtype("uint32")
-uint64 = _np.dtype("uint64")
-float32 = _np.dtype("float32")
-float64 = _np.dtype("float64")
-complex64 = _np.dtype("complex64")
-complex128 = _np.dtype("complex128")
+# dtypes: objects of the namespace's own that equal NumPy's (``x.dtype == np.float32``)
+bool = _NAMED["bool"]
+int8 = _NAMED["int8"]
+int16 = _NAMED["int16"]
+int32 = _NAMED["int32"]
+int64 = _NAMED["int64"]
+uint8 = _NAMED["uint8"]
+uint16 = _NAMED["uint16"]
+uint32 = _NAMED["uint32"]
+uint64 = _NAMED["uint64"]
+float32 = _NAMED["float32"]
+float64 = _NAMED["float64"]
+complex64 = _NAMED["complex64"]
+complex128 = _NAMED["complex128"]
 
 e = _math.e
 inf = _math.inf

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..client import ArrayMetadata, _dtype_name
 from ..errors import LocalProtocolError
+from ._dtypes import DType, wrap
 
 if TYPE_CHECKING:
     from ._device import Buffer, Device
@@ -65,7 +66,7 @@ def encode_index(key: Any, shape: tuple[int, ...]) -> tuple[list[int], tuple[int
 class Array(ArrayMetadata):
     """An array on a gpuremote device; see the module docstring."""
 
-    __slots__ = ("__weakref__", "_buf", "_device", "_wire", "dtype", "shape")
+    __slots__ = ("__weakref__", "_buf", "_device", "_dtype", "_wire", "shape")
     __array_ufunc__ = None  # NumPy operators defer to ours (no silent download)
     __hash__ = None  # type: ignore[assignment]
 
@@ -75,8 +76,13 @@ class Array(ArrayMetadata):
         self._device = device
         self._buf = buf
         self.shape = shape
-        self.dtype = dtype
+        self._dtype = dtype
         self._wire = [buf.handle, 0, list(shape), _dtype_name(dtype)]
+
+    @property
+    def dtype(self) -> DType:  # type: ignore[override]
+        """The data type (one of the namespace's, such as ``xp.float32``)."""
+        return wrap(self._dtype)
 
     # -- metadata (local; ndim, size and nbytes come from ArrayMetadata) ---------------------
     @property
@@ -159,12 +165,12 @@ class Array(ArrayMetadata):
         return bool(self._scalar("bool"))
 
     def __int__(self) -> int:
-        if self.dtype.kind == "c":
+        if self._dtype.kind == "c":
             raise TypeError("int() of a complex array")
         return int(self._scalar("int"))
 
     def __float__(self) -> float:
-        if self.dtype.kind == "c":
+        if self._dtype.kind == "c":
             raise TypeError("float() of a complex array")
         return float(self._scalar("float"))
 
@@ -172,14 +178,14 @@ class Array(ArrayMetadata):
         return complex(self._scalar("complex"))
 
     def __index__(self) -> int:
-        if self.dtype.kind not in "iu":
+        if self._dtype.kind not in "iu":
             raise TypeError(f"only integer arrays can be used as an index, not {self.dtype}")
         return int(self._scalar("an index"))
 
     # -- indexing --------------------------------------------------------------------------
     def __getitem__(self, key: Any) -> Array:
         if isinstance(key, Array):
-            if key.dtype.kind == "b":
+            if key._dtype.kind == "b":
                 return self._getitem_mask(key)
             return self._device.launch("getitem_int", [self, key], {})[0]
         if isinstance(key, tuple) and any(isinstance(k, Array) for k in key):
@@ -196,7 +202,7 @@ class Array(ArrayMetadata):
                 f"a boolean index of shape {key.shape} does not fit an array of {self.shape}"
             )
         if 0 in key.shape:  # selects nothing: no round trip
-            return self._device.empty((0, *self.shape[key.ndim :]), self.dtype)
+            return self._device.empty((0, *self.shape[key.ndim :]), self._dtype)
         return self._device.launch_dynamic("getitem_mask", [self, key], {}, 1)[0]
 
     def _getitem_arrays(self, key: tuple[Any, ...]) -> Array:
@@ -226,7 +232,7 @@ class Array(ArrayMetadata):
         arrays = [self]
         params: dict[str, Any] = {}
         if isinstance(key, Array):
-            if key.dtype.kind != "b":
+            if key._dtype.kind != "b":
                 raise IndexError("only boolean arrays can index an assignment")
             arrays.append(key)
             params["mask"] = True
@@ -237,11 +243,11 @@ class Array(ArrayMetadata):
         elif type(value) in (bool, int, float) or isinstance(value, np.generic):
             v = value.item() if isinstance(value, np.generic) else value
             if type(v) is complex:
-                arrays.append(dev.upload(np.asarray(v, dtype=self.dtype)))
+                arrays.append(dev.upload(np.asarray(v, dtype=self._dtype)))
             else:
                 params["scalar"] = v
         else:
-            arrays.append(dev.upload(np.asarray(value, dtype=self.dtype)))
+            arrays.append(dev.upload(np.asarray(value, dtype=self._dtype)))
         dev.launch("setitem", arrays, params, into=self)
 
     # -- operators -------------------------------------------------------------------------

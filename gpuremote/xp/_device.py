@@ -292,7 +292,7 @@ class Device:
         else through this process. ``last_copy`` says which way the last one went."""
         src = array._device
         ticket, _ = src.call(_PEER_EXPORT, [array._wire])
-        out = self.empty(array.shape, array.dtype)
+        out = self.empty(array.shape, array._dtype)
         try:
             self.call(_PEER_IMPORT, [out._wire, src.url, ticket])
             self.last_copy = "proxy to proxy"
@@ -307,7 +307,7 @@ class Device:
     def meta(self, name: str, arrays: Sequence[Array], params: dict[str, Any]) -> list[Any]:
         """Output shapes and dtypes of op ``xp.name`` (raising the standard's errors)."""
         try:
-            return arraycore.infer(name, [(a.shape, a.dtype) for a in arrays], params)
+            return arraycore.infer(name, [(a.shape, a._dtype) for a in arrays], params)
         except OpError as exc:
             _raise_local(exc)
             raise  # unreachable
@@ -327,7 +327,7 @@ class Device:
                 )
         metas = self.meta(name, arrays, params)
         if into is not None:
-            if metas != [(into.shape, into.dtype)]:
+            if metas != [(into.shape, into._dtype)]:
                 (shape, dt), *_ = metas
                 raise ValueError(
                     f"in-place {name} would give shape {shape} and dtype {dt}, "
@@ -366,7 +366,7 @@ class Device:
             host = np.frombuffer(bufs[value], dtype=np.uint8)
             if array.nbytes == buf.nbytes:  # the whole buffer: keep it
                 buf.host = host
-        return host[: array.nbytes].view(array.dtype).reshape(array.shape).copy()
+        return host[: array.nbytes].view(array._dtype).reshape(array.shape).copy()
 
     def synchronize(self) -> None:
         """Wait until everything posted has run; raises the first deferred error."""

@@ -21,12 +21,15 @@ from ..ops.elementwise import UNARY as _UNARY
 from ..protocol import DTYPES
 from ._array import Array
 from ._device import Device, default_device
+from ._dtypes import DType, wrap
 
 _PY_SCALARS = (builtins.bool, int, float, complex)
 
 
 # -- helpers ----------------------------------------------------------------------------------
 def _dt(dtype: Any) -> np.dtype[Any]:
+    if isinstance(dtype, DType):
+        return dtype.dtype
     dt = np.dtype(dtype)
     if dt.name not in DTYPES:
         raise TypeError(f"dtype {dt} is not supported by gpuremote.xp")
@@ -60,7 +63,7 @@ def _array_like(x: Any, like: Array) -> Array:
         return x
     if isinstance(x, (*_PY_SCALARS, np.generic)):
         v = x.item() if isinstance(x, np.generic) else x
-        return like._device.upload(np.asarray(v, dtype=scalar_dtype(like.dtype, v)))
+        return like._device.upload(np.asarray(v, dtype=scalar_dtype(like._dtype, v)))
     if isinstance(x, np.ndarray):
         return like._device.upload(x)
     raise TypeError(f"expected an array or a Python scalar, got {type(x).__name__}")
@@ -89,7 +92,7 @@ def _binary(name: str, x1: Any, x2: Any, into: Array | None = None) -> Array:
         other = _array_like(s, arr)
         pair = [other, arr] if reverse else [arr, other]
         return arr._device.launch(name, pair, {}, into=into)[0]
-    scalar_dtype(arr.dtype, s)  # the standard's TypeError/OverflowError, raised here
+    scalar_dtype(arr._dtype, s)  # the standard's TypeError/OverflowError, raised here
     if type(s) is complex or (type(s) is int and not -(2**63) <= s < 2**63):
         if type(s) is int:
             s = float(s)
@@ -174,11 +177,11 @@ def asarray(
             if copy is False:
                 raise ValueError("asarray(copy=False) cannot move an array to another device")
             out = obj.to_device(device)
-        if dtype is not None and _dt(dtype) != out.dtype:
+        if dtype is not None and _dt(dtype) != out._dtype:
             if copy is False:
                 raise ValueError("asarray(copy=False) cannot change the dtype")
             return astype(out, dtype)
-        return astype(out, out.dtype, copy=True) if copy and out is obj else out
+        return astype(out, out._dtype, copy=True) if copy and out is obj else out
     if copy is False:
         raise ValueError("asarray(copy=False) of host data would need a copy to the device")
     dev = _dev(device)
@@ -219,22 +222,22 @@ def ones(shape: Any, *, dtype: Any = None, device: Any = None) -> Array:
 
 def empty_like(x: Array, /, *, dtype: Any = None, device: Any = None) -> Array:
     """An uninitialised array of ``x``'s shape (and dtype, unless given)."""
-    return empty(x.shape, dtype=dtype or x.dtype, device=_dev(device, x))
+    return empty(x.shape, dtype=dtype or x._dtype, device=_dev(device, x))
 
 
 def zeros_like(x: Array, /, *, dtype: Any = None, device: Any = None) -> Array:
     """Zeros of ``x``'s shape (and dtype, unless given)."""
-    return full(x.shape, 0, dtype=dtype or x.dtype, device=_dev(device, x))
+    return full(x.shape, 0, dtype=dtype or x._dtype, device=_dev(device, x))
 
 
 def ones_like(x: Array, /, *, dtype: Any = None, device: Any = None) -> Array:
     """Ones of ``x``'s shape (and dtype, unless given)."""
-    return full(x.shape, 1, dtype=dtype or x.dtype, device=_dev(device, x))
+    return full(x.shape, 1, dtype=dtype or x._dtype, device=_dev(device, x))
 
 
 def full_like(x: Array, /, fill_value: Any, *, dtype: Any = None, device: Any = None) -> Array:
     """``fill_value`` in ``x``'s shape (and dtype, unless given)."""
-    return full(x.shape, fill_value, dtype=dtype or x.dtype, device=_dev(device, x))
+    return full(x.shape, fill_value, dtype=dtype or x._dtype, device=_dev(device, x))
 
 
 def arange(
@@ -319,7 +322,7 @@ def astype(x: Array, dtype: Any, /, *, copy: builtins.bool = True, device: Any =
     dt = _dt(dtype)
     if device is not None and device is not x._device:
         x = x.to_device(device)
-    if dt == x.dtype and not copy:
+    if dt == x._dtype and not copy:
         return x
     return x._device.launch("astype", [x], {"dtype": dt.name})[0]
 
@@ -328,7 +331,7 @@ _GROUP = {"b": 0, "i": 1, "u": 1, "f": 2, "c": 3}
 
 
 def _as_dtype(x: Any) -> np.dtype[Any]:
-    return x.dtype if isinstance(x, Array) else _dt(x)
+    return x._dtype if isinstance(x, Array) else _dt(x)
 
 
 def can_cast(from_: Any, to: Any, /) -> builtins.bool:
@@ -351,7 +354,16 @@ class finfo_object(NamedTuple):
     max: float
     min: float
     smallest_normal: float
-    dtype: np.dtype[Any]
+    dtype: DType
+
+
+class iinfo_object(NamedTuple):
+    """Machine limits of an integer dtype, as Python ints."""
+
+    bits: int
+    max: int
+    min: int
+    dtype: DType
 
 
 def finfo(type: Any, /) -> finfo_object:
@@ -363,13 +375,15 @@ def finfo(type: Any, /) -> finfo_object:
         float(fi.max),
         float(fi.min),
         float(fi.smallest_normal),
-        np.dtype(fi.dtype),
+        wrap(np.dtype(fi.dtype)),
     )
 
 
-def iinfo(type: Any, /) -> Any:
+def iinfo(type: Any, /) -> iinfo_object:
     """Machine limits of an integer dtype (local)."""
-    return np.iinfo(_as_dtype(type))
+    dt = _as_dtype(type)
+    ii = np.iinfo(dt)
+    return iinfo_object(int(ii.bits), int(ii.max), int(ii.min), wrap(dt))
 
 
 _KINDS = {
@@ -395,7 +409,7 @@ def isdtype(dtype: Any, kind: Any) -> builtins.bool:
     return dt == _dt(kind)
 
 
-def result_type(*arrays_and_dtypes: Any) -> np.dtype[Any]:
+def result_type(*arrays_and_dtypes: Any) -> DType:
     """The standard's promotion of arrays, dtypes and (at least one array or dtype besides)
     Python scalars."""
     dtypes = [_as_dtype(a) for a in arrays_and_dtypes if not isinstance(a, _PY_SCALARS)]
@@ -405,7 +419,7 @@ def result_type(*arrays_and_dtypes: Any) -> np.dtype[Any]:
     for s in arrays_and_dtypes:
         if isinstance(s, _PY_SCALARS):
             out = scalar_dtype(out, s)
-    return out
+    return wrap(out)
 
 
 # -- manipulation -----------------------------------------------------------------------------
@@ -498,8 +512,8 @@ def reshape(x: Array, /, shape: Any, *, copy: builtins.bool | None = None) -> Ar
     if math.prod(dims) != x.size or builtins.any(d < 0 for d in dims):
         raise ValueError(f"cannot reshape {x.shape} into {dims}")
     if copy:
-        x = astype(x, x.dtype, copy=True)
-    return Array(x._device, x._buf, dims, x.dtype)
+        x = astype(x, x._dtype, copy=True)
+    return Array(x._device, x._buf, dims, x._dtype)
 
 
 # -- linear algebra ---------------------------------------------------------------------------
