@@ -24,9 +24,11 @@ from typing import Any
 
 from .backends import Backend, get_backend
 from .config import transport_settings
+from .deadlines import Deadlines
 from .errors import GpuRemoteError
 from .executor import Executor, SessionLimits
 from .framing import FrameLimits
+from .heap import HeapKeeper, release_free_memory
 from .monitor import totals
 from .peers import PeerLinks, Tickets
 from .protocol import encode_fatal, encode_notice
@@ -76,7 +78,9 @@ class Proxy:
         self.max_clients = max_clients
         self.handshake_timeout_s = handshake_timeout_s
         self._scheduler: FairScheduler | None = None  # made on the loop, at the first client
-        self._peak_clients = 0  # the most sessions at once since the heap was last trimmed
+        # the handshake deadlines of every session, on one timer (made with the scheduler)
+        self._deadlines: Deadlines[ProxySession] | None = None
+        self._heap_keeper: HeapKeeper | None = None  # made on the loop, at the first client
         self.refused_connections = 0  # turned away: max_clients reached
         self.handshake_timeouts = 0  # closed: no handshake within handshake_timeout_s
         self.listeners: list[Listener] = []
@@ -107,7 +111,7 @@ class Proxy:
             self._running.append(await service(self, listener.url))
         # resolve malloc_trim now: done first in a flood's drain, its ctypes objects would
         # outlive the flood inside its memory and keep that from going back to the OS
-        _release_free_memory()
+        release_free_memory()
         return listener.url
 
     async def _serve_connection(self, conn: Connection) -> None:
@@ -142,6 +146,15 @@ class Proxy:
 
         if self._scheduler is None:
             self._scheduler = FairScheduler()
+        if self._heap_keeper is None:
+            self._heap_keeper = HeapKeeper(asyncio.get_running_loop())
+        heap = self._heap_keeper
+        if self._deadlines is None and self.handshake_timeout_s is not None:
+            self._deadlines = Deadlines(
+                self.handshake_timeout_s,
+                ProxySession._handshake_expired,
+                asyncio.get_running_loop(),
+            )
         session = ProxySession(
             conn,
             make_executor,
@@ -153,9 +166,10 @@ class Proxy:
             inline_us=self.inline_us,
             handshake_timeout_s=self.handshake_timeout_s,
             on_handshake_timeout=timed_out,
+            deadlines=self._deadlines,
         )
         self.clients[sid] = session
-        self._peak_clients = max(self._peak_clients, len(self.clients))
+        heap.started(len(self.clients))
         self.sessions_served += 1
         log.info("session %d: client %s connected", sid, conn.peer)
         reason = "proxy shutting down"
@@ -166,13 +180,7 @@ class Proxy:
             if session.final_stats is not None:
                 calls = session.final_stats["calls"]
                 self.calls_ended += calls["sync"] + calls["async"]
-            if len(self.clients) <= self._peak_clients // 2:
-                # idle, or half the sessions gone (a flood closed by the handshake deadline):
-                # hand the freed heap back to the OS
-                if self._peak_clients - len(self.clients) >= 64:
-                    gc.collect()  # sessions end in reference cycles; many just went
-                self._peak_clients = len(self.clients)
-                _release_free_memory()
+            heap.ended(len(self.clients))
             _log_end(session, reason)
 
     def _admin(self, token: str) -> dict[str, Any]:
@@ -266,6 +274,10 @@ class Proxy:
             client.conn.close()
         if tasks:
             await asyncio.wait(tasks, timeout=5)
+        if self._deadlines is not None:
+            self._deadlines.close()
+        if self._heap_keeper is not None:
+            self._heap_keeper.close()
         if self.peers is not None:
             await self.peers.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -306,23 +318,6 @@ def raise_open_files_limit(needed: int | None = None) -> None:
     if soft != resource.RLIM_INFINITY and soft < want:
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-
-
-def _release_free_memory() -> None:
-    """glibc's malloc_trim: return free heap pages to the OS (a no-op elsewhere)."""
-    global _malloc_trim
-    if _malloc_trim is None:
-        try:
-            import ctypes
-
-            _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
-        except (OSError, AttributeError):
-            _malloc_trim = False
-    if _malloc_trim:
-        _malloc_trim(0)
-
-
-_malloc_trim: Any = None
 
 
 def tune_gc(young: int = 20_000) -> None:

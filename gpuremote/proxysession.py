@@ -15,11 +15,13 @@ import concurrent.futures
 import contextlib
 import logging
 import time
+import types
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 from .auth import new_nonce, verify
+from .deadlines import Deadlines
 from .devicequeue import DeviceQueue, Result
 from .errors import ConnectionClosed, GpuRemoteError, ProtocolError
 from .executor import PROTOCOL_VERSION, Executor
@@ -46,6 +48,16 @@ log = logging.getLogger("gpuremote.proxy")
 MAX_BATCHES_IN_FLIGHT = 8
 
 
+@types.coroutine
+def _outcome(future: asyncio.Future[str]) -> Generator[Any, None, str]:
+    """``await future``, without the C future's iterator: asyncio keeps 255 freed ones on
+    a free list, and a flood's would pin the memory it used (as ``Future.__await__``)."""
+    if not future.done():
+        future._asyncio_future_blocking = True
+        yield future
+    return future.result()
+
+
 class ProxySession:
     """See the module docstring. ``executor`` holds the session's resources; ``pool`` runs
     its batches off the loop."""
@@ -63,6 +75,7 @@ class ProxySession:
         handshake_timeout_s: float | None = None,
         on_handshake_timeout: Callable[[ProxySession], None] | None = None,
         scheduler: FairScheduler | None = None,
+        deadlines: Deadlines[ProxySession] | None = None,
     ) -> None:
         self.conn = conn
         self.sid = sid
@@ -89,9 +102,11 @@ class ProxySession:
         self._frame_started: deque[int] = deque()  # perf_counter_ns at each batch's arrival
         self.ready = False  # the handshake is done: the first frame was accepted
         self.final_stats: dict[str, Any] | None = None  # the executor's, at the end
-        self._handshake_timeout_s = handshake_timeout_s
         self._on_handshake_timeout = on_handshake_timeout
-        self._deadline: asyncio.TimerHandle | None = None
+        if deadlines is None and handshake_timeout_s is not None:
+            deadlines = Deadlines(handshake_timeout_s, ProxySession._handshake_expired, self._loop)
+        # the handshake deadline: the proxy's one timer for all its sessions' (see deadlines.py)
+        self._deadlines = deadlines
 
     @property
     def executor(self) -> Executor:
@@ -127,11 +142,9 @@ class ProxySession:
         try:
             self.conn.send(encode_greeting(PROTOCOL_VERSION, self._secret is not None, self._nonce))
             self.conn.set_receiver(self.on_frame, self.on_lost)
-            if self._handshake_timeout_s is not None and not self.ready:
-                self._deadline = self._loop.call_later(
-                    self._handshake_timeout_s, self._handshake_expired
-                )
-            reason = await self._ended
+            if self._deadlines is not None and not self.ready:
+                self._deadlines.add(self)
+            reason = await _outcome(self._ended)
         finally:
             await self._close()
         return reason
@@ -146,8 +159,8 @@ class ProxySession:
         self.conn.close()
         if self._scheduler is not None:
             self._scheduler.forget(self.sid)
-        if self._deadline is not None:
-            self._deadline.cancel()
+        if self._deadlines is not None:
+            self._deadlines.discard(self)
         if self._drainer is not None:
             self._drainer.cancel()
         if self._queue is not None:
@@ -169,18 +182,19 @@ class ProxySession:
             executor.close()
 
     def _handshake_expired(self) -> None:
-        if self.ready or self._ended.done():
+        if self.ready or self._ended.done() or self._deadlines is None:
             return
+        timeout = self._deadlines.delay_s
         log.warning(
             "session %d: %s did not complete the handshake within %g s",
             self.sid,
             self.conn.peer,
-            self._handshake_timeout_s,
+            timeout,
         )
         if self._on_handshake_timeout is not None:
             self._on_handshake_timeout(self)
         with contextlib.suppress(GpuRemoteError):
-            self.conn.send(encode_fatal(f"no handshake within {self._handshake_timeout_s:g} s"))
+            self.conn.send(encode_fatal(f"no handshake within {timeout:g} s"))
         self._refused = True
         self.end("handshake timeout")
 
@@ -213,9 +227,8 @@ class ProxySession:
             self.authenticated = True
         if not self.ready:
             self.ready = True
-            if self._deadline is not None:
-                self._deadline.cancel()
-                self._deadline = None
+            if self._deadlines is not None:
+                self._deadlines.discard(self)
         local = request_local_calls(msg)
         if local is not None:
             fig.local_calls = local
