@@ -2,11 +2,15 @@
 
 A batch runs at once when no other session competes (the common case of one busy client:
 no extra loop iteration on the hot path). When several sessions have batches ready, they wait
-here and run in fair-queueing order: each session has a virtual time that advances by the
-estimated cost of its batches, the batch with the smallest virtual time runs first, and a
-session that was idle starts at the current virtual time (no credit saved up). The runner
-yields to the loop every ``slice_s`` so that new frames are read meanwhile. So a session doing
-one small synchronous op waits for about one other batch, not for every other session's.
+here and run in fair-queueing order. Each batch gets a start tag (its session's last finish
+tag, or the system's virtual time if that is later: an idle session saves up no credit) and a
+finish tag (start plus the batch's estimated cost); the smallest finish tag runs first, and the
+system's virtual time is the start tag of the batch that ran last. Ordering by finish tags puts
+a small batch ahead of the big ones of the same round, and taking the virtual time from start
+tags (not from finish tags, as self-clocked fair queueing does) keeps it ahead even when many
+sessions send identical batches in step and so share one tag: a session doing one small
+synchronous op waits for about the batch that is running, not for one batch of every other
+session. The runner yields to the loop every ``slice_s`` so that new frames are read meanwhile.
 """
 
 from __future__ import annotations
@@ -30,9 +34,9 @@ class FairScheduler:
         self._loop = asyncio.get_running_loop()
         self._slice_s = slice_s
         self._contention_s = contention_s
-        self._heap: list[tuple[float, int, Hashable, Callable[[], None]]] = []
-        self._vtime: dict[Hashable, float] = {}
-        self._now_v = 0.0  # virtual time of the batch that ran last
+        self._heap: list[tuple[float, int, float, Hashable, Callable[[], None]]] = []
+        self._vtime: dict[Hashable, float] = {}  # each session's last finish tag
+        self._now_v = 0.0  # the system's virtual time: the start tag of the batch that ran last
         self._seq = itertools.count()
         self._last_key: Hashable | None = None
         self._last_t = 0.0
@@ -40,20 +44,19 @@ class FairScheduler:
 
     def run(self, key: Hashable, cost_ns: float, fn: Callable[[], None]) -> bool:
         """Run ``fn`` now, or queue it behind fairer ones; True if it ran now."""
-        cost = min(cost_ns, _MAX_COST_NS)
-        v = max(self._vtime.get(key, 0.0), self._now_v)
-        self._vtime[key] = v + cost
+        start = max(self._vtime.get(key, 0.0), self._now_v)
+        tag = self._vtime[key] = start + min(cost_ns, _MAX_COST_NS)
         now = time.perf_counter()
         if not self._heap and (
             self._last_key is None
             or self._last_key == key
             or now - self._last_t > self._contention_s
         ):
-            self._now_v = v
+            self._now_v = start
             self._last_key, self._last_t = key, now
             fn()
             return True
-        heapq.heappush(self._heap, (v, next(self._seq), key, fn))
+        heapq.heappush(self._heap, (tag, next(self._seq), start, key, fn))
         if not self._scheduled:
             self._scheduled = True
             self._loop.call_soon(self._runner)
@@ -64,8 +67,7 @@ class FairScheduler:
         deadline = time.perf_counter() + self._slice_s
         try:
             while heap:
-                v, _, key, fn = heapq.heappop(heap)
-                self._now_v = v
+                _, _, self._now_v, key, fn = heapq.heappop(heap)
                 self._last_key = key
                 try:
                     fn()

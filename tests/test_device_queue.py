@@ -299,10 +299,36 @@ async def test_competing_sessions_run_in_fair_order() -> None:
     assert not sched.run("light", 1e4, lambda: ran.append("light"))  # ... then a small op
     await asyncio.sleep(0)
     await asyncio.sleep(0)
-    # the light op, queued last, runs before heavy's queued batches (first come, first
-    # served would run it last); each session's batches stay in their order
-    assert ran == ["heavy-0", "other", "light", *(f"heavy-{i}" for i in range(1, 6))]
+    # the light op, queued last, runs first (first come, first served would run it last),
+    # "other" gets its turn before heavy's second batch; each session's batches stay in order
+    assert ran == ["heavy-0", "light", "other", *(f"heavy-{i}" for i in range(1, 6))]
     assert sched.waiting == 0
+
+
+async def test_a_small_batch_overtakes_a_round_of_equal_big_ones() -> None:
+    """Sessions that send identical batches in step share one tag; a small batch that arrives
+    while that round runs goes next, not behind the rest of the round."""
+    from gpuremote.scheduler import FairScheduler
+
+    sched = FairScheduler(slice_s=1.0)
+    ran: list[str] = []
+    n = 16
+
+    def first_of_round() -> None:
+        ran.append("s1")
+        sched.run("light", 1e4, lambda: ran.append("light"))  # arrives mid-round
+        # the busy ones' next batches, sent as their answers went out
+        sched.run("s0", 1e6, lambda: ran.append("s0-next"))
+
+    assert sched.run("s0", 1e6, lambda: ran.append("s0"))
+    sched.run("s1", 1e6, first_of_round)
+    for i in range(2, n):  # one 1 ms batch of each of the others
+        sched.run(f"s{i}", 1e6, lambda i=i: ran.append(f"s{i}"))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert ran[: ran.index("light")] == ["s0", "s1"]  # the round's other 14 wait for it
+    assert ran.index("s0-next") == len(ran) - 1  # and the busy session gets no second turn
+    assert sorted(ran) == sorted(["light", "s0-next", *(f"s{i}" for i in range(n))])
 
 
 def test_bench_load_spreads_clients_over_processes(cli_json: Any) -> None:
