@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +48,17 @@ async def run_ping(
             base.close()
 
 
+async def _waited(request: Awaitable[Any], spin_us: float) -> None:
+    """Await a baseline's ``request`` with the same spin-wait as gpuremote's (``spin_us``), so
+    that each ratio compares like with like."""
+    if spin_us:
+        fut = asyncio.ensure_future(request)
+        spin_until_done(fut, spin_us / 1e6)
+        await fut
+    else:
+        await request
+
+
 async def _measure(
     cfg: PingConfig,
     gpu: gpuremote.GPU,
@@ -70,12 +81,7 @@ async def _measure(
             b.request(payload, cfg.size)
 
         async def run_asyncio() -> None:
-            if cfg.spin_us:  # the same spin-wait as gpuremote's, for a like-for-like ratio
-                fut = asyncio.ensure_future(a.request(payload, cfg.size))
-                spin_until_done(fut, cfg.spin_us / 1e6)
-                await fut
-            else:
-                await a.request(payload, cfg.size)
+            await _waited(a.request(payload, cfg.size), cfg.spin_us)
 
         paths["blocking"] = run_blocking
         paths["asyncio"] = run_asyncio
@@ -83,7 +89,7 @@ async def _measure(
         u = base.ucxx
 
         async def run_ucxx() -> None:
-            await u.request(payload, cfg.size)
+            await _waited(u.request(payload, cfg.size), cfg.spin_us)
 
         paths["ucxx"] = run_ucxx
     echo = await gpu.ping(payload)
