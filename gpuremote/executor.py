@@ -18,7 +18,7 @@ import numpy as np
 
 from .backends import Backend
 from .calls import CallClass
-from .framing import byte_view
+from .framing import DEVICE_DIRECT_MIN, byte_view
 from .ops import OPS, infer
 from .peers import PeerLinks, PeerUnreachable, Tickets
 from .protocol import ArrayDesc, BadCommandAt, Command, ErrorInfo, Reply
@@ -73,8 +73,12 @@ class Executor:
         admin: Callable[[str], dict[str, Any]] | None = None,
         tickets: Tickets | None = None,
         peers: PeerLinks | None = None,
+        device_io: bool = False,
     ) -> None:
         self.backend = backend
+        #: the session's connection moves device memory itself (ucx:// to a GPU backend):
+        #: large uploads arrive in device memory and large downloads leave from it
+        self.device_io = device_io and backend.device_allocator() is not None
         self._tickets = tickets
         self._peers = peers
         self.info = info or {}
@@ -291,7 +295,10 @@ class Executor:
         return info
 
     def _cmd_ping(self, ctx: _Ctx, index: int) -> Any:
-        return ctx.reply_buffer(ctx.buffers[index])
+        data = ctx.buffers[index]
+        if self.device_io and self.backend.is_device(data):  # received into device memory
+            return ctx.reply_buffer(self.backend.device_copy_out(data, ctx.stream), owned=True)
+        return ctx.reply_buffer(data)
 
     def _cmd_stats(self, ctx: _Ctx) -> Any:
         from .localproxy import peak_rss_bytes, rss_bytes
@@ -345,6 +352,9 @@ class Executor:
         if data.nbytes != dst.nbytes:
             raise CallFailed(f"copy_h2d of {data.nbytes} bytes into an array of {dst.nbytes}")
         view = self._resolve(dst)
+        if self.device_io and self.backend.is_device(data):
+            self._device_upload(ctx, dst, index, view, data)
+            return
         host = np.frombuffer(data, dtype=np.uint8)
         if (
             dst.offset == 0
@@ -361,7 +371,25 @@ class Executor:
         ctx.used_buffers.add(index)
         self.backend.from_host(view, host.view(dst.dtype).reshape(dst.shape), ctx.stream)
 
+    def _device_upload(self, ctx: _Ctx, dst: ArrayDesc, index: int, view: Any, data: Any) -> None:
+        """``copy_h2d`` of a buffer the transport received into device memory: it becomes
+        the destination buffer where it covers it whole, else it is copied on the device."""
+        if (
+            dst.offset == 0
+            and dst.nbytes == self.nbytes[dst.handle]
+            and index not in ctx.used_buffers
+        ):
+            ctx.used_buffers.add(index)
+            self.buffers[dst.handle] = data
+            self._views.pop(dst.handle, None)
+            return
+        ctx.used_buffers.add(index)
+        self.backend.copy(view, data.view(dst.dtype).reshape(dst.shape), ctx.stream)
+
     def _cmd_copy_d2h(self, ctx: _Ctx, src: ArrayDesc) -> Any:
+        if self.device_io and src.nbytes >= DEVICE_DIRECT_MIN:  # the transport moves it
+            snapshot = self.backend.device_copy_out(self._resolve(src), ctx.stream)
+            return ctx.reply_buffer(snapshot, owned=True)
         host = self.backend.to_host(self._resolve(src), ctx.stream)
         return ctx.reply_buffer(byte_view(host))
 
@@ -635,9 +663,10 @@ class _Ctx:
         self.stream_handle = stream_handle
         self.batch: contextlib.AbstractContextManager[Any] | None = None
 
-    def reply_buffer(self, data: memoryview) -> int:
-        """Attach ``data`` to the reply; copied if later commands of the batch could change it."""
-        if not self.is_last:
+    def reply_buffer(self, data: memoryview, owned: bool = False) -> int:
+        """Attach ``data`` to the reply; copied if later commands of the batch could change
+        it (unless it is ``owned``: a copy already, which nothing else refers to)."""
+        if not self.is_last and not owned:
             data = memoryview(bytes(data))
         self.out_bufs.append(data)
         return len(self.out_bufs) - 1

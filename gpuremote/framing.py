@@ -10,6 +10,11 @@ buffers for a vectored write (no copy of the payloads), and ``FrameDecoder`` han
 memory to read into next (``get_buffer``/``buffer_updated``, the shape of asyncio's
 ``BufferedProtocol``), so that large payloads land straight in freshly allocated arrays.
 Nothing here does I/O.
+
+A transport that moves device memory itself (ucx://, by cuda_copy, cuda_ipc or GPUDirect RDMA)
+may carry device arrays (objects with ``__cuda_array_interface__``) as a frame's buffers:
+``encode_frame`` passes them through untouched. Only buffers of ``DEVICE_DIRECT_MIN`` bytes or
+more go that way (below it, staging through host memory costs less than a device transfer).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import numpy as np
 from .errors import LimitExceeded, LocalProtocolError, RemoteProtocolError
 
 __all__ = [
+    "DEVICE_DIRECT_MIN",
     "HEADER",
     "MAGIC",
     "VERSION",
@@ -35,12 +41,15 @@ __all__ = [
     "as_bytes_view",
     "byte_view",
     "encode_frame",
+    "is_device_buffer",
 ]
 
 MAGIC = b"GR"
 VERSION = 1
 HEADER = struct.Struct("<2sBBII")
 _JOIN_BELOW = 16 << 10
+#: buffers this large or larger go as device memory on connections that carry it
+DEVICE_DIRECT_MIN = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,9 +93,24 @@ def as_bytes_view(buf: object) -> memoryview:
     return view.cast("B") if (view.format != "B" or view.ndim != 1) else view
 
 
+def is_device_buffer(buf: object) -> bool:
+    """Whether ``buf`` is device memory (it has ``__cuda_array_interface__``)."""
+    return type(buf) is not memoryview and hasattr(buf, "__cuda_array_interface__")
+
+
+def _piece(buf: object) -> Any:
+    """A frame buffer as it goes on the wire: a flat byte view, or a device array untouched
+    (for a transport that carries device memory)."""
+    if type(buf) is memoryview and buf.format == "B" and buf.ndim == 1 and buf.c_contiguous:
+        return buf
+    if is_device_buffer(buf):
+        return buf
+    return as_bytes_view(buf)
+
+
 def encode_frame(frame: Frame, limits: FrameLimits = FrameLimits()) -> list[memoryview | bytes]:
     """Return the pieces of ``frame`` on the wire, for a vectored write; payloads are not copied."""
-    bufs = [as_bytes_view(b) for b in frame.buffers]
+    bufs = [_piece(b) for b in frame.buffers]
     if len(bufs) > limits.max_buffers:
         raise LimitExceeded(f"{len(bufs)} buffers in one frame; the limit is {limits.max_buffers}")
     if len(frame.meta) > limits.max_meta_bytes:

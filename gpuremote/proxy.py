@@ -103,7 +103,12 @@ class Proxy:
             self.peers = PeerLinks(asyncio.get_running_loop(), self.secret)
         settings = transport_settings(Address.parse(url).scheme)
         listener = await listen(
-            url, self._serve_connection, self.limits, settings, self.backend.host_allocator()
+            url,
+            self._serve_connection,
+            self.limits,
+            settings,
+            self.backend.host_allocator(),
+            self.backend.device_allocator(),
         )
         self.listeners.append(listener)
         services, self._services = self._services, []
@@ -139,6 +144,7 @@ class Proxy:
                 self._admin,
                 tickets=self.tickets,
                 peers=self.peers,
+                device_io=conn.device_memory,
             )
 
         def timed_out(session: ProxySession) -> None:

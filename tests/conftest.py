@@ -10,9 +10,11 @@ import sys
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Protocol
 
+import numpy as np
 import pytest
 
 import gpuremote
+from gpuremote.backends.numpy_backend import NumpyBackend
 from gpuremote.proxy import Proxy
 
 _names = itertools.count()
@@ -99,3 +101,33 @@ def cli_json(cli: Cli) -> Callable[..., Any]:
         return json.loads(proc.stdout)
 
     return run
+
+
+# -- a backend with device memory of its own, on a machine with no GPU -------------------------
+class OnDevice(np.ndarray):  # type: ignore[type-arg]
+    """NumPy memory that ``DeviceBackend`` calls its device memory."""
+
+
+class DeviceBackend(NumpyBackend):
+    """NumPy, with large received buffers in "device" memory (``OnDevice``)."""
+
+    def device_allocator(self) -> Any:
+        return lambda n: np.empty(n, np.uint8).view(OnDevice)
+
+    def is_device(self, buf: Any) -> bool:
+        return isinstance(buf, OnDevice)
+
+    def device_copy_out(self, src: Any, stream: Any) -> Any:
+        return np.array(src).reshape(-1).view(np.uint8).view(OnDevice)
+
+    def received(self, data: np.ndarray) -> Any:
+        """``data`` as a transport would have received it into this device memory."""
+        return np.frombuffer(data.tobytes(), np.uint8).copy().view(OnDevice)
+
+
+@pytest.fixture
+def device_backend() -> DeviceBackend:
+    """A backend with "device" memory of its own on a machine with no GPU: NumPy memory
+    that the backend calls device memory, standing in for CuPy where a test checks what a
+    transport that moves device memory itself (ucx://) does with it."""
+    return DeviceBackend()

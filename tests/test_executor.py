@@ -10,7 +10,7 @@ import pytest
 from gpuremote.backends import get_backend
 from gpuremote.calls import CALLS_BY_NAME
 from gpuremote.executor import Executor, SessionLimits
-from gpuremote.framing import Frame
+from gpuremote.framing import DEVICE_DIRECT_MIN, Frame
 from gpuremote.protocol import Reply, decode_request, encode_request
 
 
@@ -28,7 +28,10 @@ class Driver:
         self,
         *calls: tuple[str, list[Any]] | tuple[str, list[Any], dict[str, Any]],
         buffers: list[bytes] = (),
+        received: list[Any] | None = None,
     ) -> tuple[list[Reply], list[memoryview]]:
+        """Run ``calls`` as one frame carrying ``buffers`` (as the executor sees them:
+        ``received``, where the transport put them somewhere else, such as device memory)."""
         arrays: list[list[Any]] = []
         cmds = []
         for call in calls:
@@ -56,7 +59,7 @@ class Driver:
             )
         frame = encode_request(cmds, [memoryview(b) for b in buffers], arrays)
         decoded = decode_request(Frame(frame.meta, frame.buffers))
-        return self.ex.execute(decoded, frame.buffers)
+        return self.ex.execute(decoded, frame.buffers if received is None else received)
 
 
 class Arr:
@@ -232,3 +235,72 @@ def test_command_kinds_are_counted() -> None:
     d.run(("alloc", [1, 4]), ("memset", [1, 0, 4, 0]), ("copy_d2h", [Arr(1, (4,), "uint8")]))
     assert d.ex.stats()["calls"] == {"local": 0, "async": 2, "sync": 1}
     assert isinstance(d.ex.stats()["uptime_s"], float)
+
+
+# -- device memory a transport moves itself (ucx:// to a GPU proxy) ------------------------
+@pytest.mark.parametrize("device_io", [True, False])
+def test_large_buffers_stay_in_device_memory_where_the_connection_moves_them(
+    device_io: bool, device_backend: Any
+) -> None:
+    dev = device_backend
+    d = Driver()
+    d.ex = Executor(dev, device_io=device_io)
+    n = DEVICE_DIRECT_MIN // 4  # float32: 1 MiB
+    host = np.arange(n, dtype=np.float32)
+    received = [dev.received(host) if device_io else memoryview(host.tobytes())]
+    replies, out = d.run(
+        ("alloc", [1, host.nbytes]),
+        ("copy_h2d", [Arr(1, (n,)), 0]),
+        ("copy_d2h", [Arr(1, (n,))]),
+        ("copy_d2h", [Arr(1, (16,))]),  # small: through host memory on any connection
+        buffers=[host.tobytes()],
+        received=received,
+    )
+    assert all(r.ok for r in replies), replies
+    big, small = out[replies[0].value], out[replies[1].value]
+    assert (d.ex.buffers[1] is received[0]) is device_io  # the upload became the buffer
+    assert dev.is_device(big) is device_io  # the reply leaves from device memory
+    np.testing.assert_array_equal(np.frombuffer(big, np.float32), host)
+    assert isinstance(small, memoryview)
+    np.testing.assert_array_equal(np.frombuffer(small, np.float32), host[:16])
+
+
+def test_a_device_upload_into_part_of_a_buffer_is_copied_on_the_device(
+    device_backend: Any,
+) -> None:
+    dev = device_backend
+    d = Driver()
+    d.ex = Executor(dev, device_io=True)
+    n = DEVICE_DIRECT_MIN // 4
+    host = np.arange(n, dtype=np.float32)
+    received = dev.received(host)
+    replies, out = d.run(
+        ("alloc", [1, 2 * host.nbytes]),
+        ("memset", [1, 0, 2 * host.nbytes, 0]),
+        ("copy_h2d", [Arr(1, (n,), offset=host.nbytes), 0]),
+        ("copy_d2h", [Arr(1, (2 * n,))]),
+        buffers=[host.tobytes()],
+        received=[received],
+    )
+    assert all(r.ok for r in replies), replies
+    assert d.ex.buffers[1] is not received
+    got = np.frombuffer(out[replies[0].value], np.float32)
+    np.testing.assert_array_equal(got, np.concatenate([np.zeros(n, np.float32), host]))
+
+
+def test_device_io_needs_a_backend_with_device_memory() -> None:
+    assert not Executor(get_backend("numpy"), device_io=True).device_io
+
+
+def test_a_ping_of_device_memory_answers_from_device_memory(device_backend: Any) -> None:
+    dev = device_backend
+    d = Driver()
+    d.ex = Executor(dev, device_io=True)
+    payload = np.arange(DEVICE_DIRECT_MIN, dtype=np.uint32).view(np.uint8)[:DEVICE_DIRECT_MIN]
+    received = dev.received(payload)
+    replies, out = d.run(
+        ("ping", [0]), ("device_synchronize", []), buffers=[payload.tobytes()], received=[received]
+    )
+    echo = out[replies[0].value]
+    assert dev.is_device(echo) and echo is not received  # a copy: not the live buffer
+    np.testing.assert_array_equal(echo, payload)

@@ -19,6 +19,7 @@ from gpuremote.framing import (
     FrameLimits,
     encode_frame,
     frame_bytes,
+    is_device_buffer,
     iter_frames,
 )
 
@@ -75,6 +76,24 @@ def test_encode_does_not_copy_large_buffers() -> None:
     pieces = encode_frame(Frame(b"m", [memoryview(payload)]))
     assert isinstance(pieces[1], memoryview)
     assert np.shares_memory(np.frombuffer(pieces[1], dtype=np.uint8), payload)
+
+
+class _DeviceArray:
+    """What a frame buffer in device memory looks like to the framing layer."""
+
+    __cuda_array_interface__ = {"shape": (1 << 20,), "typestr": "|u1", "version": 3}
+    nbytes = 1 << 20
+
+
+def test_device_buffers_pass_through_encode_untouched() -> None:
+    """For a transport that moves device memory itself (ucx://): the buffer object goes to
+    it as it is, its length in the header."""
+    device = _DeviceArray()
+    assert is_device_buffer(device) and not is_device_buffer(memoryview(b"x"))
+    pieces = encode_frame(Frame(b"m", [device]))  # type: ignore[list-item]
+    assert pieces[1] is device
+    head = bytes(pieces[0])
+    assert struct.unpack_from("<Q", head, HEADER.size)[0] == device.nbytes
 
 
 def test_truncated_frame_is_an_error_at_eof() -> None:

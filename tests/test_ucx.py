@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -163,3 +164,53 @@ async def test_the_bare_ucxx_baselines_run_beside_the_proxy() -> None:
     ping, _ = await run_ping(PingConfig(transport="ucx", backend="numpy", count=300, warmup=20))
     assert ping["baselines"]["ucxx"]["p50"] > 0
     assert ping["ratio_p50_ucxx"] > 0
+
+
+@pytest.mark.parametrize("listen", ["ucx://127.0.0.1:0", "ucx://127.0.0.1:0?device=0"])
+async def test_large_buffers_go_to_and_from_device_memory(listen: str, device_backend: Any) -> None:
+    """On a backend with device memory, UCX receives a large upload straight into it (the
+    upload becomes the array's buffer) and sends a large download from it; ``?device=0``
+    stages both through host memory. The backend here calls NumPy memory device memory, so
+    this runs with no GPU; ``test_device_buffers_cross_on_the_gpu`` is the real thing."""
+    direct = "device=0" not in listen
+    proxy = Proxy(device_backend)
+    url = await proxy.start(listen)
+    try:
+        async with gpuremote.connect(url.split("?")[0]) as gpu:
+            data = np.random.default_rng(1).standard_normal(1 << 18)  # 2 MiB
+            x = gpu.empty(data.shape, "float64")
+            await x.write(data)
+            np.testing.assert_array_equal(await x.get(), data)
+            np.testing.assert_array_equal(await (x + 1.0).get(), data + 1.0)
+            (session,) = proxy.clients.values()
+            assert session.executor.device_io is direct
+            held = session.executor.buffers[x.handle]
+            assert device_backend.is_device(held) is direct
+    finally:
+        await proxy.close()
+
+
+@pytest.mark.gpu
+async def test_device_buffers_cross_on_the_gpu() -> None:
+    """ucx:// to a CuPy proxy: a large upload lands in device memory and a large download
+    leaves from it, moved by UCX (cuda_copy here; GPUDirect RDMA where the NIC has it)."""
+    from gpuremote.backends import cupy_usable
+
+    usable, why = cupy_usable()
+    if not usable:
+        pytest.skip(f"needs a GPU: {why}")
+    import cupy as cp
+
+    proxy = Proxy("cupy")
+    url = await proxy.start("ucx://127.0.0.1:0")
+    try:
+        async with gpuremote.connect(url) as gpu:
+            data = np.random.default_rng(2).standard_normal(1 << 21)  # 16 MiB
+            x = gpu.empty(data.shape, "float64")
+            await x.write(data)
+            np.testing.assert_array_equal(await (x * 2.0).get(), data * 2.0)
+            (session,) = proxy.clients.values()
+            assert session.executor.device_io
+            assert isinstance(session.executor.buffers[x.handle], cp.ndarray)
+    finally:
+        await proxy.close()

@@ -82,9 +82,12 @@ async def listen(
     limits: FrameLimits = FrameLimits(),
     settings: Mapping[str, Any] | None = None,
     allocate: Callable[[int], memoryview] | None = None,
+    device_allocate: Callable[[int], Any] | None = None,
 ) -> Listener:
     """Listen at ``url``, running ``handler(conn)`` for each connection (received buffers
-    in memory from ``allocate``, where the transport can)."""
+    in memory from ``allocate``, where the transport can; large ones in device memory from
+    ``device_allocate``, where the transport moves device memory itself)."""
     address = Address.parse(url)
     transport = get_transport(address.scheme, limits, settings, allocate)
+    transport.device_allocate = device_allocate
     return await transport.listen(address, handler)

@@ -81,6 +81,13 @@ class Connection(abc.ABC):
         """Bytes queued by ``send`` and not yet handed to the network."""
         return 0
 
+    @property
+    def device_memory(self) -> bool:
+        """Whether this connection moves device memory itself: ``send`` takes device arrays
+        as buffers, and large received buffers may land in device memory (from the
+        transport's ``device_allocate``). False unless a transport says so (ucx://)."""
+        return False
+
     def set_receiver(
         self, on_frame: Callable[[Frame], None], on_lost: Callable[[BaseException], None]
     ) -> None:
@@ -176,6 +183,9 @@ class Transport(abc.ABC):
         #: where received buffers go (a backend's pinned host memory, say); None: fresh
         #: NumPy memory. Transports that receive into memory they choose use it
         self.allocate = allocate
+        #: where a transport that moves device memory itself may receive large buffers (a
+        #: backend's ``device_allocator``), set by ``listen``; None: host memory only
+        self.device_allocate: Callable[[int], Any] | None = None
         #: defaults for the options a URL may carry (``?key=value`` wins), from the caller:
         #: a transport reads no configuration of its own
         self.settings: Mapping[str, Any] = settings or {}

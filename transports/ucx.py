@@ -31,7 +31,17 @@ from ucxx._lib import libucxx as ucx_api
 from ucxx._lib.arr import Array as UcxArray
 
 from gpuremote.errors import ConnectionClosed, LimitExceeded, ProtocolError, RemoteProtocolError
-from gpuremote.framing import HEADER, MAGIC, VERSION, Frame, FrameLimits, byte_view, encode_frame
+from gpuremote.framing import (
+    DEVICE_DIRECT_MIN,
+    HEADER,
+    MAGIC,
+    VERSION,
+    Frame,
+    FrameLimits,
+    byte_view,
+    encode_frame,
+    is_device_buffer,
+)
 
 from .base import Address, Connection, ConnectionHandler, FrameInbox, Listener, Transport
 
@@ -182,8 +192,10 @@ class UcxConnection(Connection):
         limits: FrameLimits,
         peer: str,
         allocate: Callable[[int], memoryview] | None = None,
+        device_allocate: Callable[[int], Any] | None = None,
     ) -> None:
         self._driver = driver
+        self._device_allocate = device_allocate
         self._ep = endpoint
         self._limits = limits
         self._allocate = allocate
@@ -371,19 +383,28 @@ class UcxConnection(Connection):
         got: list[memoryview | None] = [None] * len(lengths)
         left = sum(1 for n in lengths if n)
 
-        def arrived(i: int, buf: np.ndarray[Any, Any], exc: BaseException | None) -> None:
+        on_device: set[int] = set()  # buffers received into device memory: handed on as such
+
+        def arrived(i: int, buf: Any, exc: BaseException | None) -> None:
             nonlocal left
             if exc is not None:
                 self._fail(ConnectionClosed(f"{self.peer}: {exc}"))
                 return
-            got[i] = byte_view(buf)
+            got[i] = buf if i in on_device else byte_view(buf)
             left -= 1
             if not left and not self._closed:
                 self._deliver(Frame(meta, [g for g in got if g is not None]))
                 self._read_header()
 
+        device = self._device_allocate if self.device_memory else None
         for i, n in enumerate(lengths):
-            buf = self._buffer(n)
+            buf: Any = None
+            if device is not None and n >= DEVICE_DIRECT_MIN:
+                buf = device(n)  # UCX receives it straight into device memory
+                if buf is not None:
+                    on_device.add(i)
+            if buf is None:
+                buf = self._buffer(n)
             if not n:
                 got[i] = byte_view(buf)
                 continue
@@ -453,7 +474,9 @@ class UcxConnection(Connection):
             raise self._why_exc()
         pieces = encode_frame(frame, self._limits)
         for piece in pieces:
-            view = piece if isinstance(piece, memoryview) else memoryview(piece)
+            view: Any = piece
+            if not isinstance(piece, memoryview) and not is_device_buffer(piece):
+                view = memoryview(piece)
             n = view.nbytes
             if not n:
                 continue
@@ -493,6 +516,12 @@ class UcxConnection(Connection):
     @property
     def pending_bytes(self) -> int:
         return self._sending
+
+    @property
+    def device_memory(self) -> bool:
+        """Large buffers go as device memory (UCX moves them: cuda_copy, cuda_ipc, GPUDirect
+        RDMA) on the worker-address path, where the listener gave a device allocator."""
+        return self._device_allocate is not None and self._fast_ep is not None
 
     # -- ending ----------------------------------------------------------------------------
     def _peer_closed(self, *args: Any) -> None:  # from inside progress: go through the loop
@@ -568,12 +597,18 @@ class UcxListener(Listener):
 
 class UcxTransport(Transport):
     """``ucx://host:port`` (see the module docstring); ``?shm=0`` keeps the frames on the
-    listener's endpoint instead of an endpoint made from the peer's worker address."""
+    listener's endpoint instead of an endpoint made from the peer's worker address. A proxy on
+    a GPU backend receives and sends large buffers as device memory on the worker-address
+    path (UCX moves them by cuda_copy, cuda_ipc or GPUDirect RDMA); ``?device=0`` on its
+    listen URL stages them through host memory instead."""
 
     scheme = "ucx"
 
     def _fast(self, address: Address) -> bool:
-        value = address.options.get("shm", self.settings.get("shm", "1"))
+        return self._on(address, "shm")
+
+    def _on(self, address: Address, option: str) -> bool:
+        value = address.options.get(option, self.settings.get(option, "1"))
         return str(value).lower() not in ("0", "false", "no", "off")
 
     async def connect(self, address: Address) -> Connection:
@@ -593,6 +628,7 @@ class UcxTransport(Transport):
         tasks: set[asyncio.Future[None]] = set()
         holder: list[Any] = []
         fast = self._fast(address)
+        device = self.device_allocate if self._on(address, "device") else None
 
         async def serve(conn: UcxConnection) -> None:
             try:
@@ -603,7 +639,7 @@ class UcxTransport(Transport):
 
         def accept(conn_request: Any) -> None:
             ep = holder[0].create_endpoint_from_conn_request(conn_request, True)
-            conn = UcxConnection(driver, ep, self.limits, "ucx-peer", self.allocate)
+            conn = UcxConnection(driver, ep, self.limits, "ucx-peer", self.allocate, device)
             task: asyncio.Future[None] = asyncio.ensure_future(serve(conn))
             tasks.add(task)
             task.add_done_callback(tasks.discard)

@@ -69,6 +69,21 @@ class Backend(abc.ABC):
         that uploads go on to the device by DMA); None: ordinary memory."""
         return None
 
+    def device_allocator(self) -> Callable[[int], Any] | None:
+        """Where a transport that moves device memory itself (ucx://) may receive large
+        buffers: a function giving a new flat ``uint8`` device array (None when out of
+        memory); None: this backend has no device memory of its own (NumPy)."""
+        return None
+
+    def is_device(self, buf: Any) -> bool:
+        """Whether ``buf`` (a received buffer) is in this backend's device memory."""
+        return False
+
+    def device_copy_out(self, src: Any, stream: Any) -> Any:
+        """A flat ``uint8`` device copy of device array ``src``, complete (after earlier work
+        on ``stream``) when this returns: a reply buffer that a transport moves itself."""
+        raise BackendError(f"the {self.name} backend has no device memory")
+
     def adopt_host(self, host: np.ndarray[Any, Any]) -> Any | None:
         """Return ``host`` itself as a device buffer if this backend can, else ``None``."""
         return None

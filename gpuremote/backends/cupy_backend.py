@@ -82,6 +82,24 @@ class CupyBackend(Backend):
 
         return allocate
 
+    def device_allocator(self) -> Callable[[int], Any] | None:
+        def allocate(nbytes: int) -> Any:
+            try:
+                return cp.empty(nbytes, dtype=cp.uint8)
+            except cp.cuda.memory.OutOfMemoryError:
+                return None  # the transport receives into host memory instead
+
+        return allocate
+
+    def is_device(self, buf: Any) -> bool:
+        return isinstance(buf, cp.ndarray)
+
+    def device_copy_out(self, src: Any, stream: Any) -> Any:
+        with stream:
+            out = cp.ascontiguousarray(src).reshape(-1).view(cp.uint8).copy()
+        stream.synchronize()  # the transport reads it on a stream of its own
+        return out
+
     def from_host(self, dst: Any, src: np.ndarray[Any, Any], stream: Any) -> None:
         if not PINNED_MIN <= src.nbytes <= PINNED_MAX:
             dst.set(src, stream=stream)
