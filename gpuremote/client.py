@@ -499,11 +499,15 @@ class GPU:
             nbytes *= d
         result = RemoteArray(self, Buffer(session.release, session.new_handle(), nbytes), shape, dt)
         # one command: the proxy allocates the output's buffer and launches
-        session.submit(
-            _LAUNCH_NEW,
-            self._current if stream is None else stream.handle,
-            [name, wires, [result._wire], params],
-        )
+        try:
+            session.submit(
+                _LAUNCH_NEW,
+                self._current if stream is None else stream.handle,
+                [name, wires, [result._wire], params],
+            )
+        except BaseException:
+            result._buf.detach()  # never made on the proxy: nothing to free
+            raise
         return result
 
     def matmul(self, a: RemoteArray, b: RemoteArray, **kw: Any) -> RemoteArray:
