@@ -3,7 +3,8 @@
 Every fenced block of README.md is either run here or named in ``SKIPPED`` with the reason it
 cannot run on one machine without a GPU; a new block that is neither fails the test. The
 host ``gpu-box`` stands for the user's GPU machine and becomes 127.0.0.1; ports 5151 and 9464
-become free ones (``serve``'s default port too); ``BENCH_OPTIONS`` shortens the benchmarks (their flags as written are kept).
+become free ones (``serve``'s default port too); ``BENCH_OPTIONS`` shortens the benchmarks
+(their flags as written are kept).
 """
 
 from __future__ import annotations
