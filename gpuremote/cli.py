@@ -54,8 +54,10 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-        for url in urls:
+        for url, listener in zip(urls, proxy.listeners, strict=False):
             line = f"{READY}{url}" if args.announce else f"listening on {url}"
+            if listener.bound and listener.bound != (url,):  # where it really listens
+                line += f" (bound to {', '.join(listener.bound)})"
             print(line, flush=True, file=sys.stdout if args.announce else sys.stderr)
         if proxy.metrics_url:
             print(f"Prometheus metrics at {proxy.metrics_url}", file=sys.stderr, flush=True)
@@ -89,6 +91,7 @@ def _serve(args: argparse.Namespace) -> int:
                 inline_us=args.inline_us,
                 max_clients=args.max_clients,
                 handshake_timeout_s=args.handshake_timeout or None,
+                secret_off_loopback=not args.insecure,
                 admin_token=args.admin_token or os.environ.get("GPUREMOTE_ADMIN_TOKEN"),
                 metrics=metrics,
                 secret=secret,

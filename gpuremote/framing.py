@@ -260,6 +260,14 @@ class FrameDecoder:
             src = src[n:]
             self.buffer_updated(n)
 
+    def set_limits(
+        self, limits: FrameLimits, allocate: Callable[[int], memoryview] = default_allocate
+    ) -> None:
+        """From the next frame on, check ``limits`` and receive buffers into ``allocate``'s
+        memory (a proxy widens both once its client has authenticated)."""
+        self._limits = limits
+        self._allocate = allocate
+
     def release(self) -> None:
         """Drop the decoder's buffers (the stream is over); later use fails."""
         self._scratch = bytearray()

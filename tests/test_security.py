@@ -24,7 +24,7 @@ import gpuremote
 from gpuremote.backends import NumpyBackend
 from gpuremote.calls import CALLS, CallClass
 from gpuremote.errors import AuthenticationError, ConnectionClosed, RemoteCallError
-from gpuremote.executor import Executor, SessionLimits
+from gpuremote.executor import PROTOCOL_VERSION, Executor, SessionLimits
 from gpuremote.framing import Frame
 from gpuremote.localproxy import LocalProxy
 from gpuremote.protocol import BadCommandAt, decode_request, encode_request
@@ -319,8 +319,12 @@ async def test_a_client_that_stops_reading_gets_backpressure() -> None:
     try:
         conn = await transport_connect(url)
         await asyncio.wait_for(conn.recv(), 2)  # greeting
-        conn.pause_reading()  # and never read again
         by_name = {c.name: c for c in CALLS}
+        conn.send(
+            encode_request([[0, by_name["hello"].opcode, 0, [PROTOCOL_VERSION, ""], False]], [])
+        )
+        await asyncio.wait_for(conn.recv(), 2)  # the hello's reply
+        conn.pause_reading()  # and never read again
         size = 4 << 20
         conn.send(encode_request([[0, by_name["alloc"].opcode, 0, [1, size], False]], []))
         d2h = by_name["copy_d2h"].opcode
