@@ -149,7 +149,10 @@ class ProxySession:
         self.task = asyncio.current_task()
         reason = "proxy shutting down"
         try:
-            self.conn.send(encode_greeting(PROTOCOL_VERSION, self._secret is not None, self._nonce))
+            with contextlib.suppress(ConnectionClosed):  # gone already: on_lost says why
+                self.conn.send(
+                    encode_greeting(PROTOCOL_VERSION, self._secret is not None, self._nonce)
+                )
             self.conn.set_receiver(self.on_frame, self.on_lost)
             if self._deadlines is not None and not self.ready:
                 self._deadlines.add(self)

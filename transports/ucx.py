@@ -678,7 +678,9 @@ class UcxConnection(Connection):
         if fast is not None:  # its receives posted end with it
             with contextlib.suppress(Exception):
                 fast.close()
-        if self._error is None and ep.alive:  # live: close it, so that the peer sees it go
+        if (
+            ep.alive
+        ):  # live (the peer did not go, nor UCX fail it): close it, so the peer sees it go
             with contextlib.suppress(Exception):
                 ep.close()
         self._dead_eps = (ep, fast)  # UCX's objects go only with the connection
