@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import socket
+import ssl
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 import gpuremote
 from gpuremote.auth import is_loopback, proof
 from gpuremote.calls import CALLS_BY_NAME
+from gpuremote.config import transport_settings
 from gpuremote.errors import RemoteCallError
 from gpuremote.executor import PROTOCOL_VERSION
 from gpuremote.framing import HEADER, MAGIC, VERSION, Frame, frame_bytes, iter_frames
@@ -90,7 +92,10 @@ class TcpPeer(RawPeer):
     @classmethod
     async def open(cls, url: str) -> TcpPeer:
         address = gpuremote.transports.Address.parse(url)
-        return cls(*await asyncio.open_connection(address.host, address.port))
+        context = None
+        if address.scheme == "tls":  # the CA from the config file (``tls_files``)
+            context = ssl.create_default_context(cafile=transport_settings("tls")["ca"])
+        return cls(*await asyncio.open_connection(address.host, address.port, ssl=context))
 
     async def send(self, data: bytes) -> None:
         self.writer.write(data)
@@ -110,7 +115,7 @@ class TcpPeer(RawPeer):
                     pass  # a FATAL first, then the end
         except TimeoutError:
             return False
-        except OSError:
+        except (OSError, ssl.SSLError):
             return True
         return True
 
@@ -157,10 +162,15 @@ async def open_peer(url: str) -> RawPeer:
 
 
 # -- a proxy process per transport -------------------------------------------------------------
-@pytest.fixture(params=["tcp", pytest.param("ucx", marks=needs_ucx)])
+NETWORK = ["tcp", "tls", pytest.param("ucx", marks=needs_ucx)]
+
+
+@pytest.fixture(params=NETWORK)
 def proxy_process(request: pytest.FixtureRequest) -> Iterator[LocalProxy]:
     """A proxy in its own process (its memory measured alone), with a shared secret."""
     scheme = str(request.param)
+    if scheme == "tls":
+        request.getfixturevalue("tls_files")
     saved = os.environ.get("GPUREMOTE_SECRET")
     os.environ["GPUREMOTE_SECRET"] = "hostile-test-secret"
     try:
@@ -254,6 +264,10 @@ async def test_a_short_or_malformed_message_closes_only_that_connection(
             await peer.send(data)
             if name == "short" and not ucx:
                 assert isinstance(peer, TcpPeer)
+                if url.startswith("tls://"):  # TLS has no half-close: the stream just ends
+                    peer.close()
+                    await _served(good, 100)
+                    continue
                 peer.writer.write_eof()  # the stream ends inside the frame
             assert await peer.cut_off(), f"{name}: still connected"
             peer.close()
