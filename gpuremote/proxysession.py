@@ -23,7 +23,7 @@ from typing import Any
 from .auth import new_nonce, verify
 from .deadlines import Deadlines
 from .devicequeue import DeviceQueue, Result
-from .errors import ConnectionClosed, GpuRemoteError, ProtocolError
+from .errors import ConnectionClosed, GpuRemoteError, LimitExceeded, ProtocolError
 from .executor import PROTOCOL_VERSION, Executor
 from .framing import Frame, FrameLimits
 from .monitor import SessionFigures
@@ -107,7 +107,11 @@ class ProxySession:
         self._drainer: asyncio.Task[None] | None = None
         self._refused = False
         self._reading_paused = False
-        self._frame_started: deque[int] = deque()  # perf_counter_ns at each batch's arrival
+        #: perf_counter_ns at each batch's arrival, and the bytes of its buffers
+        self._frame_started: deque[tuple[int, int]] = deque()
+        #: buffer bytes received for this session and not yet consumed by its batches: they
+        #: count against its memory quota from the moment their frame's header announces them
+        self.received_bytes = 0
         self.ready = False  # the handshake is done: the first frame was accepted
         self.refused_in_handshake = False  # ended for what it sent before its handshake
         self.final_stats: dict[str, Any] | None = None  # the executor's, at the end
@@ -232,7 +236,7 @@ class ProxySession:
             self._accept(frame, msg, commands, t0)
         except Exception as exc:  # the proxy's own fault: this batch fails, the session goes on
             while len(self._frame_started) > started:
-                self._frame_started.pop()
+                self.received_bytes -= self._frame_started.pop()[1]
             self._batch_failed(commands, exc)
 
     def _handshake(self, commands: list[Command | BadCommandAt]) -> bool:
@@ -252,8 +256,21 @@ class ProxySession:
         self.ready = True
         if self._deadlines is not None:
             self._deadlines.discard(self)
-        self.conn.admit()
+        self.conn.admit(self._reserve)
         return True
+
+    def _reserve(self, nbytes: int) -> None:
+        """A frame announces ``nbytes`` of buffers (nothing allocated yet): they count
+        against the session's memory quota, with what it holds on the device, until its
+        batch has run; past the quota the connection ends (``LimitExceeded``)."""
+        limit = self.executor.limits.max_device_bytes
+        held = self.executor.device_bytes + self.received_bytes
+        if held + nbytes > limit:
+            raise LimitExceeded(
+                f"a frame of {nbytes} bytes of buffers would take the session past its memory "
+                f"quota ({held} bytes held or in flight; the limit is {limit})"
+            )
+        self.received_bytes += nbytes
 
     def _batch_failed(self, commands: list[Command | BadCommandAt], exc: Exception) -> None:
         """Handling a batch raised: log it with its traceback, and answer each of its
@@ -279,7 +296,7 @@ class ProxySession:
         local = request_local_calls(msg)
         if local is not None:
             fig.local_calls = local
-        self._frame_started.append(t0)
+        self._frame_started.append((t0, sum(b.nbytes for b in frame.buffers)))
         queue = self.queue
         if self._scheduler is None:
             queue.submit(commands, frame.buffers)
@@ -302,14 +319,17 @@ class ProxySession:
             self.queue.submit(commands, buffers, cost)
         except Exception as exc:
             if self._frame_started:
-                self._frame_started.pop()
+                self.received_bytes -= self._frame_started.pop()[1]
             self._batch_failed(commands, exc)
             return
         self._maybe_resume()
 
     def deliver(self, result: Result | BaseException) -> None:
         """A batch's result (on the loop, in order): send its replies."""
-        t0 = self._frame_started.popleft() if self._frame_started else time.perf_counter_ns()
+        t0, nbytes = self._frame_started.popleft() if self._frame_started else (0, 0)
+        self.received_bytes -= nbytes
+        if not t0:
+            t0 = time.perf_counter_ns()
         if isinstance(result, BaseException):
             self._internal_error(result)
             return

@@ -484,12 +484,16 @@ def test_bench_load_json_schema(cli: Cli) -> None:
     assert result["proxy_rss_mb"]["before"] > 0
 
 
-def test_bench_fuzz_short_run_keeps_the_proxy_serving(cli: Cli) -> None:
-    out = cli("bench", "fuzz", "--seconds", "1", "--backend", "numpy", "--json", timeout=120)
+def test_bench_fuzz_short_run_keeps_the_proxy_serving(cli: Cli, network_scheme: str) -> None:
+    out = cli(
+        "bench", "fuzz", "--seconds", "1", "--backend", "numpy", "--transport", network_scheme,
+        "--json", timeout=120,
+    )  # fmt: skip
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
-    assert result["bench"] == "fuzz" and result["frames"] > 0
+    assert result["bench"] == "fuzz" and result["frames"] > 0 and result["after_hello"] > 0
     assert result["control_checks"] > 0 and result["control_failures"] == 0
+    assert result["url"].startswith(f"{network_scheme}://") and result["proxy_alive"]
 
 
 async def test_serve_max_frame_bytes_bounds_what_a_client_can_send() -> None:

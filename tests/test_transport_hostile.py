@@ -22,7 +22,7 @@ from gpuremote.auth import is_loopback, proof
 from gpuremote.calls import CALLS_BY_NAME
 from gpuremote.config import transport_settings
 from gpuremote.errors import RemoteCallError
-from gpuremote.executor import PROTOCOL_VERSION
+from gpuremote.executor import PROTOCOL_VERSION, SessionLimits
 from gpuremote.framing import HEADER, MAGIC, VERSION, Frame, frame_bytes, iter_frames
 from gpuremote.localproxy import LocalProxy, rss_bytes
 from gpuremote.protocol import REPLY, decode_greeting, decode_message, encode_request
@@ -394,3 +394,31 @@ def test_json_is_one_object_on_stdout_on_every_transport(cli: Cli, transport: st
         assert out.returncode == 0, out.stderr
         result = json.loads(out.stdout)
         assert result["bench"] == "throughput" and result["transport"] == transport
+
+
+@pytest.mark.parametrize("scheme", NETWORK)
+async def test_received_memory_counts_against_the_session_quota(
+    scheme: str, request: pytest.FixtureRequest
+) -> None:
+    """After the hello, a frame whose buffers would take the session past its memory quota
+    ends that connection as soon as its header announces them, before any is allocated;
+    within the quota, uploads go on as before."""
+    if scheme == "tls":
+        request.getfixturevalue("tls_files")
+    quota = 1 << 20
+    proxy = gpuremote.Proxy("numpy", session_limits=SessionLimits(max_device_bytes=quota))
+    url = await proxy.start(f"{scheme}://127.0.0.1:0")
+    try:
+        async with gpuremote.connect(url) as good:
+            await _served(good, 1000)  # 8 KB up: within its quota
+            for announced in (GIB, 2 * quota):
+                peer = await open_peer(url)
+                (greeting,) = iter_frames(await peer.recv())
+                await peer.send(_hello("", decode_greeting(greeting)["nonce"]))
+                await peer.recv()
+                await peer.send(_header(16, [announced]))
+                assert await peer.cut_off(), f"{announced} bytes announced: still connected"
+                peer.close()
+            await _served(good, 1000)
+    finally:
+        await proxy.close()

@@ -108,11 +108,15 @@ class Connection(abc.ABC):
 
         self._pump_task = asyncio.get_running_loop().create_task(pump())
 
-    def admit(self) -> None:  # noqa: B027 - optional
+    def admit(self, reserve: Callable[[int], None] | None = None) -> None:  # noqa: B027
         """The peer is in (its handshake is done): from now on take frames up to the
         transport's full limits, into the memory the listener was given (a backend's pinned
         or device memory). Until then a connection accepted with ``handshake_limits`` takes
-        only frames within those, into fresh host memory of their exact size."""
+        only frames within those, into fresh host memory of their exact size.
+
+        ``reserve(nbytes)``, where given, is called with each frame's buffer bytes as soon
+        as its header gives them, before any of that memory is allocated: it raises
+        ``LimitExceeded`` to refuse (the connection then ends with that error)."""
 
     def pause_reading(self) -> None:  # noqa: B027 - optional
         """Stop taking frames from the network until ``resume_reading()`` (backpressure)."""

@@ -238,8 +238,8 @@ class EmulatedConnection(Connection):
             lambda: None if self._lost_exc is None else ConnectionClosed(str(self._lost_exc))
         )
 
-    def admit(self) -> None:
-        self._inner.admit()
+    def admit(self, reserve: Callable[[int], None] | None = None) -> None:
+        self._inner.admit(reserve)
 
     def pause_reading(self) -> None:
         self._inner.pause_reading()

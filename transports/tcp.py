@@ -211,8 +211,8 @@ class TcpConnection(Connection):
         if self._closed:
             self._finish()
 
-    def admit(self) -> None:
-        self._decoder.set_limits(self._limits, self._allocate)
+    def admit(self, reserve: Callable[[int], None] | None = None) -> None:
+        self._decoder.set_limits(self._limits, self._allocate, reserve)
 
     def pause_reading(self) -> None:
         self._paused = True

@@ -291,6 +291,7 @@ class UcxConnection(Connection):
         self._admitted = handshake is None
         self._allocate = allocate
         self._receiver_error: BaseException | None = None
+        self._reserve: Callable[[int], None] | None = None
         self.peer = peer
         self._inbox = FrameInbox()
         self._receiver: Callable[[Frame], None] | None = None
@@ -373,9 +374,10 @@ class UcxConnection(Connection):
             self._hello_wait = None
 
     # -- receiving -------------------------------------------------------------------------
-    def admit(self) -> None:
+    def admit(self, reserve: Callable[[int], None] | None = None) -> None:
         self._limits = self._full_limits
         self._admitted = True
+        self._reserve = reserve
 
     def _max_message(self) -> int:
         """The longest first message of a frame that the limits allow."""
@@ -450,6 +452,13 @@ class UcxConnection(Connection):
         if meta_len + sum(lengths) > self._limits.max_frame_bytes:
             self._fail(LimitExceeded(f"frame of {meta_len + sum(lengths)} bytes"))
             return False
+        total: int = sum(lengths)
+        if self._reserve is not None and total:
+            try:
+                self._reserve(total)
+            except LimitExceeded as exc:
+                self._fail(exc)
+                return False
         return True
 
     def _got_message(self, raw: np.ndarray[Any, Any]) -> None:
