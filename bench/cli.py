@@ -118,6 +118,12 @@ def add_bench_parser(sub: Any) -> None:
     _common(fz)
     fz.add_argument("--seconds", type=float, default=30.0)
     fz.add_argument("--seed", type=int, default=0)
+    fz.add_argument(
+        "--connections",
+        type=int,
+        default=0,
+        help="stop after this many hostile connections (0: run --seconds)",
+    )
     fz.set_defaults(func=_fuzz)
 
     rq = bs.add_parser("requirements", help="latency and bandwidth each workload needs")
@@ -566,6 +572,7 @@ def _fuzz(args: argparse.Namespace) -> int:
         **_target(args),
         seconds=args.seconds,
         seed=args.seed,
+        connections=args.connections,
     )
 
     view = _status(

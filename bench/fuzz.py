@@ -1,11 +1,14 @@
 """``gpuremote bench fuzz``: a long hostile-input run against a live proxy.
 
-For a chosen time, connections send random frames: random bytes, valid frames with some bytes
-flipped or cut short, and well-formed batches whose commands carry hostile values (unknown
-handles and ops, negative or huge sizes, wrong types, shape and dtype mismatches,
-out-of-bounds copies, huge ndim). Between rounds a control client checks that the proxy still
-answers correctly. The proxy must never crash, answer each bad command with an error or close
-that one connection, and end where it started in memory.
+For a chosen time (or number of connections), connections send random frames: random bytes,
+valid frames with some bytes flipped or cut short (straight onto the stream on tcp:// and
+tls://, as raw messages on ucx://), and well-formed batches, before or after a valid hello,
+whose commands carry hostile values (unknown handles and ops, negative or huge sizes, wrong
+types, shape and dtype mismatches, out-of-bounds copies, huge ndim). Between rounds a control
+client checks that the proxy still answers correctly. The proxy must never crash, answer each
+bad command with an error or close that one connection, and end where it started in memory:
+the proxy's memory is sampled every thousand connections, and ``rss_growth_per_connection_b``
+is its growth from the first thousand to the last, per connection.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import asyncio
 import contextlib
 import os
 import random
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,10 +28,13 @@ from gpuremote.transports import Address
 from gpuremote.transports import connect as transport_connect
 
 import gpuremote
-from gpuremote.calls import CALLS, CallClass
+from gpuremote.auth import load_secret, proof
+from gpuremote.calls import CALLS, CALLS_BY_NAME, CallClass
+from gpuremote.config import transport_settings
+from gpuremote.executor import PROTOCOL_VERSION
 from gpuremote.framing import Frame, frame_bytes
 from gpuremote.localproxy import rss_bytes
-from gpuremote.protocol import encode_request
+from gpuremote.protocol import REPLY, decode_greeting, decode_message, encode_request
 
 from .target import TargetOptions, open_target
 
@@ -36,12 +43,14 @@ __all__ = ["FuzzConfig", "run_fuzz"]
 _WIRE = [c for c in CALLS if c.klass is not CallClass.LOCAL]
 _NAMES = ["add", "matmul", "exp", "full", "permute_dims", "softmax", "sum", "os.system", ""]
 _DTYPES = ["float32", "int8", "bool", "complex128", "object", "|V8", 3]
+_HELLO = CALLS_BY_NAME["hello"].opcode
 
 
 @dataclass
 class FuzzConfig(TargetOptions):
     seconds: float = 30.0
     seed: int = 0
+    connections: int = 0  # stop after this many (0: after ``seconds``)
 
 
 def _value(rng: random.Random) -> Any:
@@ -105,10 +114,14 @@ def _raw(rng: random.Random) -> bytes:
 
 
 async def _raw_attack(address: Address, rng: random.Random, counts: dict[str, int]) -> None:
-    """Bytes straight onto a TCP stream, past gpuremote's own framing."""
+    """Bytes straight onto a TCP (or TLS) stream, past gpuremote's own framing."""
+    context = None
+    if address.scheme == "tls":
+        ca = address.options.get("ca") or transport_settings("tls").get("ca")
+        context = ssl.create_default_context(cafile=ca)
     try:
-        reader, writer = await asyncio.open_connection(address.host, address.port)
-    except OSError:
+        reader, writer = await asyncio.open_connection(address.host, address.port, ssl=context)
+    except (OSError, ssl.SSLError):
         return
     try:
         writer.write(_raw(rng))
@@ -118,20 +131,62 @@ async def _raw_attack(address: Address, rng: random.Random, counts: dict[str, in
             data = await asyncio.wait_for(reader.read(1 << 16), 0.2)
             if data:
                 counts["replies"] += 1
-    except OSError:
+    except (OSError, ssl.SSLError):
         counts["closed_by_proxy"] += 1
     finally:
         writer.close()
 
 
+async def _raw_ucx_attack(address: Address, rng: random.Random, counts: dict[str, int]) -> None:
+    """Raw messages on a ucx:// connection's tagged path, past gpuremote's own framing."""
+    from gpuremote.transports.ucx import raw_connect
+
+    try:
+        raw = await raw_connect(address.host or "127.0.0.1", address.port or 0)
+    except gpuremote.GpuRemoteError:
+        return
+    try:
+        for _ in range(rng.randrange(1, 4)):
+            if raw.closed:
+                counts["closed_by_proxy"] += 1
+                return
+            raw.send(memoryview(_raw(rng)), lambda exc: None)
+            counts["frames"] += 1
+        await asyncio.sleep(0.2)
+        if raw.closed:
+            counts["closed_by_proxy"] += 1
+    finally:
+        raw.close()
+
+
+async def _hello(conn: Any, greeting: Frame) -> bool:
+    """Say a valid hello (with the proof, where the proxy asks for one and a secret is
+    set); whether the proxy took it."""
+    info = decode_greeting(greeting)
+    secret = load_secret()
+    if info["auth"] and secret is None:
+        return False
+    answer = proof(secret, info["nonce"]) if info["auth"] and secret is not None else ""
+    conn.send(encode_request([[0, _HELLO, 0, [PROTOCOL_VERSION, answer], False]], []))
+    return decode_message(await asyncio.wait_for(conn.recv(), 5))[0] == REPLY
+
+
 async def _attack(url: str, rng: random.Random, counts: dict[str, int]) -> None:
     address = Address.parse(url)
-    if address.scheme == "tcp" and rng.random() < 0.3:
+    if address.scheme in ("tcp", "tls") and rng.random() < 0.3:
         await _raw_attack(address, rng, counts)
         return
-    conn = await transport_connect(url)
+    if address.scheme == "ucx" and rng.random() < 0.3:
+        await _raw_ucx_attack(address, rng, counts)
+        return
     try:
-        await asyncio.wait_for(conn.recv(), 5)  # greeting
+        conn = await transport_connect(url, settings=transport_settings(address.scheme))
+    except gpuremote.ConnectionClosed:
+        return
+    try:
+        greeting = await asyncio.wait_for(conn.recv(), 5)
+        if rng.random() < 0.7 and await _hello(conn, greeting):  # hostile after the handshake
+            counts["after_hello"] += 1
         for _ in range(rng.randrange(1, 20)):  # well-formed frames, hostile contents
             conn.send(_batch(rng))
             counts["frames"] += 1
@@ -146,6 +201,8 @@ async def _attack(url: str, rng: random.Random, counts: dict[str, int]) -> None:
         counts["closed_by_proxy"] += 1
     except gpuremote.ProtocolError:
         counts["closed_by_proxy"] += 1
+    except TimeoutError:
+        counts["timeouts"] += 1
     finally:
         conn.close()
 
@@ -156,12 +213,15 @@ async def run_fuzz(
     rng = random.Random(cfg.seed)
     counts = {
         "connections": 0,
+        "after_hello": 0,
         "frames": 0,
         "replies": 0,
         "closed_by_proxy": 0,
+        "timeouts": 0,
         "control_checks": 0,
         "control_failures": 0,
     }
+    samples: list[tuple[int, float]] = []  # (connections, proxy RSS in MiB) every thousand
     async with open_target(cfg.url, cfg.transport, cfg.backend) as target:
         pid = target.proxy_pid if target.proxy_pid != os.getpid() else None
         async with gpuremote.connect(target.url) as control:
@@ -169,13 +229,23 @@ async def run_fuzz(
             await control.synchronize()
             before = rss_bytes(pid) / 2**20 if pid else None
             end = time.monotonic() + cfg.seconds
-            while time.monotonic() < end:
+            while (
+                time.monotonic() < end
+                if not cfg.connections
+                else (counts["connections"] < cfg.connections)
+            ):
                 await asyncio.gather(*(_attack(target.url, rng, counts) for _ in range(8)))
                 counts["connections"] += 8
-                got = await control.multiply(x, 2.0).get()
+                try:
+                    got = await asyncio.wait_for(control.multiply(x, 2.0).get(), 30)
+                    ok = np.array_equal(got, 2 * np.arange(16, dtype=np.float64))
+                except (gpuremote.GpuRemoteError, TimeoutError):
+                    ok = False
                 counts["control_checks"] += 1
-                if not np.array_equal(got, 2 * np.arange(16, dtype=np.float64)):
+                if not ok:
                     counts["control_failures"] += 1
+                if pid and counts["connections"] % 1000 < 8:
+                    samples.append((counts["connections"], rss_bytes(pid) / 2**20))
                 report(dict(counts))
             stats = await control.proxy_stats()
             await asyncio.sleep(0.3)
@@ -189,4 +259,15 @@ async def run_fuzz(
         "proxy_alive": True,
         "control_session_buffers": stats["buffers"],
         "proxy_rss_mb": {"before": before, "after": after},
+        "proxy_rss_mb_by_connections": [[n, mb] for n, mb in samples],
+        "rss_growth_per_connection_b": _growth(samples),
     }
+
+
+def _growth(samples: list[tuple[int, float]]) -> float | None:
+    """The proxy's memory growth per connection from the first sample (the first thousand:
+    what is made once is made by then) to the last; None with fewer than two."""
+    if len(samples) < 2 or samples[-1][0] == samples[0][0]:
+        return None
+    (n0, mb0), (n1, mb1) = samples[0], samples[-1]
+    return (mb1 - mb0) * 2**20 / (n1 - n0)

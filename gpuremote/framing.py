@@ -186,6 +186,7 @@ class FrameDecoder:
         self._dest_pos = 0
         self._meta: bytes = b""
         self._buffers: list[memoryview] = []
+        self._reserve: Callable[[int], None] | None = None
 
     # -- feeding ---------------------------------------------------------------------------
     def get_buffer(self) -> memoryview:
@@ -260,6 +261,20 @@ class FrameDecoder:
             src = src[n:]
             self.buffer_updated(n)
 
+    def set_limits(
+        self,
+        limits: FrameLimits,
+        allocate: Callable[[int], memoryview] = default_allocate,
+        reserve: Callable[[int], None] | None = None,
+    ) -> None:
+        """From the next frame on, check ``limits`` and receive buffers into ``allocate``'s
+        memory (a proxy widens both once its client has authenticated); ``reserve(nbytes)``
+        is called with each frame's buffer bytes before they are allocated, and may raise
+        (``LimitExceeded``) to refuse them."""
+        self._limits = limits
+        self._allocate = allocate
+        self._reserve = reserve
+
     def release(self) -> None:
         """Drop the decoder's buffers (the stream is over); later use fails."""
         self._scratch = bytearray()
@@ -310,6 +325,8 @@ class FrameDecoder:
         body = meta_len + sum(lengths)
         if head + body > avail or body > lim.max_frame_bytes or meta_len > lim.max_meta_bytes:
             return False
+        if self._reserve is not None and lengths:
+            self._reserve(body - meta_len)
         p = start + head
         meta = bytes(view[p : p + meta_len])
         p += meta_len
@@ -365,6 +382,8 @@ class FrameDecoder:
                         f"incoming frame of {total} bytes exceeds the limit "
                         f"{self._limits.max_frame_bytes}"
                     )
+                if self._reserve is not None and lengths:
+                    self._reserve(total - self._meta_len)
                 self._lengths = lengths
                 self._begin_field(self._meta_len, meta=True)
                 self._state = _META

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -18,7 +19,11 @@ READY = "gpuremote proxy listening on "
 
 
 class LocalProxy:
-    """``with LocalProxy("tcp") as p: p.url``: a proxy process, stopped on exit."""
+    """``with LocalProxy("tcp") as p: p.url``: a proxy process, stopped on exit.
+
+    A ucx:// proxy listens on every interface (ucxx binds no one address), so it needs a
+    shared secret: where none is set, ``start`` makes one and sets ``GPUREMOTE_SECRET`` in
+    this process (for its clients, and the proxy) until ``stop``."""
 
     def __init__(
         self,
@@ -34,8 +39,21 @@ class LocalProxy:
         self.proc: subprocess.Popen[str] | None = None
         self.url = ""
         self.banner = ""
+        self._made_secret = False
+
+    def _ensure_secret(self) -> None:
+        from .auth import load_secret
+
+        if (
+            "ucx" in self.transport
+            and load_secret() is None
+            and "--insecure" not in self.extra_args
+        ):
+            os.environ["GPUREMOTE_SECRET"] = secrets.token_hex(32)
+            self._made_secret = True
 
     def start(self, timeout: float = 30.0) -> str:
+        self._ensure_secret()
         listen = f"{self.transport}://127.0.0.1:0"
         launcher = [sys.executable, "-m", "gpuremote"]
         if self.cpus is not None:  # pinned before anything starts (BLAS sizes its pool then)
@@ -72,6 +90,9 @@ class LocalProxy:
         raise GpuRemoteError(f"the local proxy did not start ({' '.join(cmd)})")
 
     def stop(self) -> int | None:
+        if self._made_secret:
+            self._made_secret = False
+            os.environ.pop("GPUREMOTE_SECRET", None)
         proc, self.proc = self.proc, None
         if proc is None:
             return None

@@ -22,17 +22,18 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
+from .auth import is_loopback
 from .backends import Backend, get_backend
 from .config import transport_settings
 from .deadlines import Deadlines
-from .errors import GpuRemoteError
+from .errors import ConfigError, GpuRemoteError
 from .executor import Executor, SessionLimits
 from .framing import FrameLimits
 from .heap import HeapKeeper, release_free_memory
 from .monitor import totals
 from .peers import PEER_TIMEOUT_S, PeerImports, PeerLinks, Tickets
 from .protocol import encode_fatal, encode_notice
-from .proxysession import ProxySession
+from .proxysession import HANDSHAKE_LIMITS, ProxySession
 from .scheduler import FairScheduler
 from .transports import Address, Connection, Listener, listen
 
@@ -85,7 +86,10 @@ class Proxy:
         self._heap_keeper: HeapKeeper | None = None  # made on the loop, at the first client
         self.refused_connections = 0  # turned away: max_clients reached
         self.handshake_timeouts = 0  # closed: no handshake within handshake_timeout_s
+        self.handshake_refused = 0  # closed: sent something else than a (valid) hello first
         self.listeners: list[Listener] = []
+        #: the addresses the listeners really listen on (a ucx:// listener: every interface)
+        self.bound: list[str] = []
         self.clients: dict[int, ProxySession] = {}
         self._ids = itertools.count(1)
         self.sessions_served = 0
@@ -126,8 +130,10 @@ class Proxy:
             settings,
             self.backend.host_allocator(),
             self.backend.device_allocator(),
+            handshake_limits=HANDSHAKE_LIMITS,
         )
         self.listeners.append(listener)
+        self.bound.extend(listener.bound)
         services, self._services = self._services, []
         for service in services:
             self._running.append(await service(self, listener.url))
@@ -199,12 +205,19 @@ class Proxy:
         try:
             reason = await session.run()
         finally:
+            if session.refused_in_handshake:
+                self.handshake_refused += 1
             self.clients.pop(sid, None)
             if session.final_stats is not None:
                 calls = session.final_stats["calls"]
                 self.calls_ended += calls["sync"] + calls["async"]
             heap.ended(len(self.clients))
             _log_end(session, reason)
+
+    @property
+    def exposed(self) -> list[str]:
+        """The addresses listened on that are reachable from other machines."""
+        return [u for u in self.bound if not is_loopback(Address.parse(u).host)]
 
     def _admin(self, token: str) -> dict[str, Any]:
         """The admin call: every session's figures, for the right token only."""
@@ -258,6 +271,7 @@ class Proxy:
                 "in_handshake": sum(1 for c in self.clients.values() if not c.started),
                 "refused": self.refused_connections,
                 "handshake_timeouts": self.handshake_timeouts,
+                "handshake_refused": self.handshake_refused,
             },
         }
 
@@ -304,6 +318,19 @@ class Proxy:
         if self.peers is not None:
             await self.peers.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _why_exposed(urls: list[str], exposed: list[str]) -> str:
+    """Why a listener is reachable where its URL did not say so (ucx://)."""
+    asked = [u for u in urls if is_loopback(Address.parse(u).host)]
+    ucx = [u for u in exposed if Address.parse(u).scheme == "ucx"]
+    if asked and ucx:
+        return (
+            f": {', '.join(ucx)} is where the ucx:// listener of "
+            f"{', '.join(u for u in asked if Address.parse(u).scheme == 'ucx')} really "
+            "listens (ucxx binds a listener to every interface, whatever the URL's host)"
+        )
+    return ""
 
 
 def _log_end(session: ProxySession, reason: str) -> None:
@@ -369,9 +396,12 @@ async def serve(
     max_clients: int | None = None,
     handshake_timeout_s: float | None = 5.0,
     peers: Sequence[str] = (),
+    secret_off_loopback: bool = False,
 ) -> None:
     """Run a proxy until SIGINT or SIGTERM. ``ready(proxy, bound_urls)`` is called once
-    it listens; ``metrics=(host, port)`` also serves Prometheus metrics there."""
+    it listens; ``metrics=(host, port)`` also serves Prometheus metrics there. With
+    ``secret_off_loopback`` and no ``secret``, it refuses (``ConfigError``) to stay up where
+    a listener really listens on more than loopback (a ucx:// one always does)."""
     proxy = Proxy(
         backend,
         limits=limits,
@@ -385,7 +415,18 @@ async def serve(
         peers=peers,
     )
     raise_open_files_limit()
-    bound = [await proxy.start(u) for u in urls]
+    try:
+        bound = [await proxy.start(u) for u in urls]
+    except BaseException:
+        await proxy.close()
+        raise
+    if secret_off_loopback and secret is None and proxy.exposed:
+        await proxy.close()
+        raise ConfigError(
+            f"refusing to listen on {', '.join(proxy.exposed)} without a shared secret"
+            f"{_why_exposed(urls, proxy.exposed)} (--secret-file, GPUREMOTE_SECRET, [auth] "
+            "in gpuremote.toml); --insecure overrides"
+        )
     tune_gc()
     if metrics is not None:
         from .metrics import start_metrics_server

@@ -23,13 +23,15 @@ from typing import Any
 from .auth import new_nonce, verify
 from .deadlines import Deadlines
 from .devicequeue import DeviceQueue, Result
-from .errors import ConnectionClosed, GpuRemoteError, ProtocolError
+from .errors import ConnectionClosed, GpuRemoteError, LimitExceeded, ProtocolError
 from .executor import PROTOCOL_VERSION, Executor
 from .framing import Frame, FrameLimits
 from .monitor import SessionFigures
 from .protocol import (
     BadCommandAt,
     Command,
+    ErrorInfo,
+    Reply,
     decode_message,
     decode_request,
     encode_fatal,
@@ -40,12 +42,18 @@ from .protocol import (
 from .scheduler import FairScheduler
 from .transports import Connection
 
-__all__ = ["MAX_BATCHES_IN_FLIGHT", "ProxySession"]
+__all__ = ["HANDSHAKE_LIMITS", "MAX_BATCHES_IN_FLIGHT", "ProxySession"]
 
 log = logging.getLogger("gpuremote.proxy")
 
 #: batches of one session queued for its worker before the proxy stops reading from it
 MAX_BATCHES_IN_FLIGHT = 8
+
+#: what a connection may send before its handshake is done: one small frame with no
+#: buffers (the hello); the transport refuses anything larger before allocating for it
+HANDSHAKE_LIMITS = FrameLimits(
+    max_frame_bytes=16 << 10, max_meta_bytes=16 << 10, max_buffers=0, max_commands=1
+)
 
 
 @types.coroutine
@@ -99,11 +107,16 @@ class ProxySession:
         self._drainer: asyncio.Task[None] | None = None
         self._refused = False
         self._reading_paused = False
-        self._frame_started: deque[int] = deque()  # perf_counter_ns at each batch's arrival
+        #: perf_counter_ns at each batch's arrival, and the bytes of its buffers
+        self._frame_started: deque[tuple[int, int]] = deque()
+        #: buffer bytes received for this session and not yet consumed by its batches: they
+        #: count against its memory quota from the moment their frame's header announces them
+        self.received_bytes = 0
         #: batches held back while the data of a peer_import is fetched (and those after it)
         self._held: deque[tuple[list[Command | BadCommandAt], list[memoryview]]] = deque()
         self._fetcher: asyncio.Task[None] | None = None
         self.ready = False  # the handshake is done: the first frame was accepted
+        self.refused_in_handshake = False  # ended for what it sent before its handshake
         self.final_stats: dict[str, Any] | None = None  # the executor's, at the end
         self._on_handshake_timeout = on_handshake_timeout
         if deadlines is None and handshake_timeout_s is not None:
@@ -143,7 +156,10 @@ class ProxySession:
         self.task = asyncio.current_task()
         reason = "proxy shutting down"
         try:
-            self.conn.send(encode_greeting(PROTOCOL_VERSION, self._secret is not None, self._nonce))
+            with contextlib.suppress(ConnectionClosed):  # gone already: on_lost says why
+                self.conn.send(
+                    encode_greeting(PROTOCOL_VERSION, self._secret is not None, self._nonce)
+                )
             self.conn.set_receiver(self.on_frame, self.on_lost)
             if self._deadlines is not None and not self.ready:
                 self._deadlines.add(self)
@@ -219,26 +235,74 @@ class ProxySession:
         except ProtocolError as exc:
             self.refuse(f"protocol error: {exc}")
             return
+        if not self.ready and not self._handshake(commands):
+            return
+        started = len(self._frame_started)
+        try:
+            self._accept(frame, msg, commands, t0)
+        except Exception as exc:  # the proxy's own fault: this batch fails, the session goes on
+            while len(self._frame_started) > started:
+                self.received_bytes -= self._frame_started.pop()[1]
+            self._batch_failed(commands, exc)
+
+    def _handshake(self, commands: list[Command | BadCommandAt]) -> bool:
+        """The first frame: the hello alone (with the proof, where the proxy has a secret),
+        or the connection is refused. Then the connection takes frames of any size."""
+        first = commands[0] if len(commands) == 1 else None
+        if type(first) is not Command or first.spec.name != "hello":
+            log.warning("session %d: %s sent something else than a hello", self.sid, self.conn.peer)
+            self.refuse("authentication failed" if self._secret else "expected a hello first")
+            return False
         if not self.authenticated:  # nothing runs before the proof is checked
-            first = commands[0] if commands else None
-            if (
-                type(first) is not Command
-                or first.spec.name != "hello"
-                or self._secret is None
-                or not verify(self._secret, self._nonce, first.args[1])
-            ):
+            if self._secret is None or not verify(self._secret, self._nonce, first.args[1]):
                 log.warning("session %d: %s failed authentication", self.sid, self.conn.peer)
                 self.refuse("authentication failed")
-                return
+                return False
             self.authenticated = True
-        if not self.ready:
-            self.ready = True
-            if self._deadlines is not None:
-                self._deadlines.discard(self)
+        self.ready = True
+        if self._deadlines is not None:
+            self._deadlines.discard(self)
+        self.conn.admit(self._reserve)
+        return True
+
+    def _reserve(self, nbytes: int) -> None:
+        """A frame announces ``nbytes`` of buffers (nothing allocated yet): they count
+        against the session's memory quota, with what it holds on the device, until its
+        batch has run; past the quota the connection ends (``LimitExceeded``)."""
+        limit = self.executor.limits.max_device_bytes
+        held = self.executor.device_bytes + self.received_bytes
+        if held + nbytes > limit:
+            raise LimitExceeded(
+                f"a frame of {nbytes} bytes of buffers would take the session past its memory "
+                f"quota ({held} bytes held or in flight; the limit is {limit})"
+            )
+        self.received_bytes += nbytes
+
+    def _batch_failed(self, commands: list[Command | BadCommandAt], exc: Exception) -> None:
+        """Handling a batch raised: log it with its traceback, and answer each of its
+        commands with a proxy error that names what failed."""
+        log.error("session %d: a batch failed in the proxy", self.sid, exc_info=exc)
+        what = f"proxy error while handling this batch: {type(exc).__name__}: {exc}"
+        replies = []
+        for cmd in commands:
+            call = cmd.spec.name if isinstance(cmd, Command) else cmd.call
+            info = ErrorInfo(cmd.seq, call, None, "ProxyError", what, False, 0)
+            replies.append(Reply(cmd.seq, False, info))
+        with contextlib.suppress(GpuRemoteError):
+            self.conn.send(encode_replies(replies, []))
+
+    def _accept(
+        self,
+        frame: Frame,
+        msg: list[Any],
+        commands: list[Command | BadCommandAt],
+        t0: int,
+    ) -> None:
+        fig = self.figures
         local = request_local_calls(msg)
         if local is not None:
             fig.local_calls = local
-        self._frame_started.append(t0)
+        self._frame_started.append((t0, sum(b.nbytes for b in frame.buffers)))
         peers = self.executor.peers
         if self._held or (peers is not None and peers.wanted(commands)):
             # data from other proxies first, on the loop; later batches keep their order
@@ -288,13 +352,18 @@ class ProxySession:
         try:
             self.queue.submit(commands, buffers, cost)
         except Exception as exc:
-            self._internal_error(exc)
+            if self._frame_started:
+                self.received_bytes -= self._frame_started.pop()[1]
+            self._batch_failed(commands, exc)
             return
         self._maybe_resume()
 
     def deliver(self, result: Result | BaseException) -> None:
         """A batch's result (on the loop, in order): send its replies."""
-        t0 = self._frame_started.popleft() if self._frame_started else time.perf_counter_ns()
+        t0, nbytes = self._frame_started.popleft() if self._frame_started else (0, 0)
+        self.received_bytes -= nbytes
+        if not t0:
+            t0 = time.perf_counter_ns()
         if isinstance(result, BaseException):
             self._internal_error(result)
             return
@@ -321,6 +390,8 @@ class ProxySession:
         if isinstance(exc, ConnectionClosed):
             self.end("client closed the connection")
         elif isinstance(exc, ProtocolError):
+            if not self.ready:
+                self.refused_in_handshake = True
             self.end(f"protocol error: {exc}")
         else:
             self._internal_error(exc)
@@ -353,6 +424,8 @@ class ProxySession:
 
     def refuse(self, why: str) -> None:
         """Tell the client why (FATAL), read nothing more, and close soon after."""
+        if not self.ready:
+            self.refused_in_handshake = True
         self._refused = True
         with contextlib.suppress(GpuRemoteError):
             self.conn.send(encode_fatal(why))

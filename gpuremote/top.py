@@ -84,6 +84,7 @@ def _connections(c: dict[str, Any]) -> str:
             ("in_handshake", "connecting"),
             ("refused", "refused"),
             ("handshake_timeouts", "timed out"),
+            ("handshake_refused", "cut off in the handshake"),
         )
         if c.get(k)
     ]

@@ -63,6 +63,28 @@ async def gpu(url: str) -> AsyncIterator[gpuremote.GPU]:
         yield g
 
 
+@pytest.fixture
+def tls_files(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """A throwaway CA and a certificate for 127.0.0.1, written to files and named in a
+    config file's ``[tls]`` table (``XDG_CONFIG_HOME``): proxies and clients started from
+    here, in this process or another, use them for tls://."""
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    files = {k: str(tmp_path / f"{k}.pem") for k in ("cert", "key", "ca")}
+    cert.cert_chain_pems[0].write_to_path(files["cert"])
+    cert.private_key_pem.write_to_path(files["key"])
+    ca.cert_pem.write_to_path(files["ca"])
+    home = tmp_path / "config"
+    (home / "gpuremote").mkdir(parents=True)
+    table = "".join(f'{k} = "{v}"\n' for k, v in files.items())
+    (home / "gpuremote" / "gpuremote.toml").write_text(f"[tls]\n{table}")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home))
+    monkeypatch.chdir(tmp_path)  # no gpuremote.toml of the checkout's in the way
+    return files
+
+
 class Cli(Protocol):
     def __call__(
         self, *args: str, timeout: float = ..., env: Mapping[str, str] | None = ...

@@ -23,7 +23,7 @@ from gpuremote.backends.sim_backend import SimBackend
 from gpuremote.calls import CALLS_BY_NAME
 from gpuremote.devicequeue import estimate_ns
 from gpuremote.errors import ConfigError, ConnectionClosed
-from gpuremote.executor import Executor
+from gpuremote.executor import PROTOCOL_VERSION, Executor
 from gpuremote.framing import Frame, FrameLimits
 from gpuremote.protocol import FATAL, decode_message, decode_replies, decode_request, encode_request
 from gpuremote.proxy import Proxy
@@ -214,6 +214,7 @@ class FakeConnection:
         self.pending_bytes = 0
         self.on_frame: Any = None
         self.on_lost: Any = None
+        self.admitted = False
 
     def send(self, frame: Frame) -> None:
         if self.closed:
@@ -222,6 +223,9 @@ class FakeConnection:
 
     def set_receiver(self, on_frame: Any, on_lost: Any) -> None:
         self.on_frame, self.on_lost = on_frame, on_lost
+
+    def admit(self, reserve: Any = None) -> None:
+        self.admitted = True
 
     def pause_reading(self) -> None:
         self.paused = True
@@ -243,6 +247,11 @@ async def test_proxy_session_with_a_fake_connection() -> None:
     task = asyncio.create_task(session.run())
     await asyncio.sleep(0)
     assert len(conn.sent) == 1  # the greeting
+    hello = encode_request(
+        [[0, CALLS_BY_NAME["hello"].opcode, 0, [PROTOCOL_VERSION, ""], False]], []
+    )
+    conn.on_frame(hello)
+    assert conn.admitted  # the handshake is done: frames of any size from now on
     ping = CALLS_BY_NAME["ping"].opcode
     req = encode_request([[1, ping, 0, [0], False]], [memoryview(b"abc")], [])
     conn.on_frame(Frame(req.meta, req.buffers))

@@ -23,22 +23,67 @@ from hypothesis import strategies as st
 import gpuremote
 from gpuremote.backends import NumpyBackend
 from gpuremote.calls import CALLS, CallClass
+from gpuremote.config import transport_settings
 from gpuremote.errors import AuthenticationError, ConnectionClosed, RemoteCallError
-from gpuremote.executor import Executor, SessionLimits
+from gpuremote.executor import PROTOCOL_VERSION, Executor, SessionLimits
 from gpuremote.framing import Frame
 from gpuremote.localproxy import LocalProxy
-from gpuremote.protocol import BadCommandAt, decode_request, encode_request
+from gpuremote.protocol import (
+    REPLY,
+    STATUS_ERROR,
+    BadCommandAt,
+    decode_message,
+    decode_request,
+    encode_request,
+)
 
 if TYPE_CHECKING:
     from conftest import Cli
 
+
+def _ucx_missing() -> str | None:
+    try:
+        import ucxx  # noqa: F401
+    except Exception as exc:  # not installed, or its libraries cannot load
+        return f"ucx:// needs the [ucx] extra: {type(exc).__name__}: {exc}"
+    return None
+
+
 SECRET = b"correct horse battery staple"
 
 
+_NO_UCX = _ucx_missing()
+needs_ucx = pytest.mark.skipif(_NO_UCX is not None, reason=str(_NO_UCX))
+#: the transports that cross a network: every hostile-input test runs over each
+NETWORK = ["tcp", "tls", pytest.param("ucx", marks=needs_ucx)]
+
+
+@pytest.fixture(params=["inproc", *NETWORK])
+def any_scheme(request: pytest.FixtureRequest) -> str:
+    if request.param == "tls":
+        request.getfixturevalue("tls_files")  # its certificate, in the config file
+    return str(request.param)
+
+
+@pytest.fixture(params=NETWORK)
+def network_scheme(request: pytest.FixtureRequest) -> str:
+    if request.param == "tls":
+        request.getfixturevalue("tls_files")
+    return str(request.param)
+
+
+async def _raw_connect(url: str) -> Any:
+    """A bare connection (past the client: it sends what a test says), on tls:// with the
+    config file's CA."""
+    settings = transport_settings(url.split(":", 1)[0])
+    return await transport_connect(url, settings=settings)
+
+
 @pytest.fixture
-async def secured(scheme: str) -> AsyncIterator[str]:
+async def secured(any_scheme: str) -> AsyncIterator[str]:
     p = gpuremote.Proxy("numpy", secret=SECRET)
-    url = await p.start("inproc://secured" if scheme == "inproc" else "tcp://127.0.0.1:0")
+    scheme = any_scheme
+    url = await p.start("inproc://secured" if scheme == "inproc" else f"{scheme}://127.0.0.1:0")
     try:
         yield url
     finally:
@@ -60,7 +105,7 @@ async def test_auth_refused_with_a_wrong_or_missing_secret(secured: str) -> None
 
 async def test_nothing_runs_before_authentication(secured: str) -> None:
     """A client that skips hello and sends work is cut off before anything runs."""
-    conn = await transport_connect(secured)
+    conn = await _raw_connect(secured)
     await asyncio.wait_for(conn.recv(), 2)  # the greeting
     alloc = next(c for c in CALLS if c.name == "alloc")
     conn.send(encode_request([[1, alloc.opcode, 0, [1, 1 << 20], False]], []))
@@ -142,10 +187,10 @@ async def test_quota_errors_and_one_client_at_its_limit_does_not_hurt_another() 
         await proxy.close()
 
 
-async def test_oversized_frame_closes_only_that_connection() -> None:
+async def test_oversized_frame_closes_only_that_connection(network_scheme: str) -> None:
     limits = gpuremote.framing.FrameLimits(max_frame_bytes=1 << 20)
     proxy = gpuremote.Proxy("numpy", limits=limits)
-    url = await proxy.start("tcp://127.0.0.1:0")
+    url = await proxy.start(f"{network_scheme}://127.0.0.1:0")
     try:
         async with gpuremote.connect(url) as good:
             bad = await gpuremote.connect(url)
@@ -154,6 +199,35 @@ async def test_oversized_frame_closes_only_that_connection() -> None:
                 await big.write(np.zeros(2 << 20, np.uint8))  # 2 MiB frame: over the limit
             np.testing.assert_array_equal(await good.asarray(np.ones(2)).get(), np.ones(2))
             await bad.aclose()
+    finally:
+        await proxy.close()
+
+
+async def test_another_sessions_handles_are_out_of_reach(network_scheme: str) -> None:
+    """Handles are scoped to their session: one client naming the handles another uses
+    reaches only its own (none), and the other's data stays as it was."""
+    proxy = gpuremote.Proxy("numpy")
+    url = await proxy.start(f"{network_scheme}://127.0.0.1:0")
+    try:
+        async with gpuremote.connect(url) as owner:
+            secret = owner.asarray(np.arange(64, dtype=np.float64))
+            await owner.synchronize()
+            conn = await _raw_connect(url)  # a hostile peer: it names handles itself
+            by_name = {c.name: c for c in CALLS}
+            await asyncio.wait_for(conn.recv(), 5)  # the greeting
+            hello = [1, by_name["hello"].opcode, 0, [PROTOCOL_VERSION, ""], False]
+            conn.send(encode_request([hello], []))
+            await asyncio.wait_for(conn.recv(), 5)
+            desc = [[secret.handle, 0, [64], "float64"]]
+            read = [2, by_name["copy_d2h"].opcode, 0, [0], False]
+            free = [3, by_name["free"].opcode, 0, [secret.handle], False]
+            sync = [4, by_name["device_synchronize"].opcode, 0, [], False]
+            conn.send(encode_request([read, free, sync], [], desc))
+            msg = decode_message(await asyncio.wait_for(conn.recv(), 5))
+            assert msg[0] == REPLY and all(status == STATUS_ERROR for _, status, _ in msg[1])
+            assert "handle" in str(msg[1][0][2]), msg
+            conn.close()
+            np.testing.assert_array_equal(await secret.get(), np.arange(64, dtype=np.float64))
     finally:
         await proxy.close()
 
@@ -319,8 +393,12 @@ async def test_a_client_that_stops_reading_gets_backpressure() -> None:
     try:
         conn = await transport_connect(url)
         await asyncio.wait_for(conn.recv(), 2)  # greeting
-        conn.pause_reading()  # and never read again
         by_name = {c.name: c for c in CALLS}
+        conn.send(
+            encode_request([[0, by_name["hello"].opcode, 0, [PROTOCOL_VERSION, ""], False]], [])
+        )
+        await asyncio.wait_for(conn.recv(), 2)  # the hello's reply
+        conn.pause_reading()  # and never read again
         size = 4 << 20
         conn.send(encode_request([[0, by_name["alloc"].opcode, 0, [1, size], False]], []))
         d2h = by_name["copy_d2h"].opcode
@@ -335,7 +413,8 @@ async def test_a_client_that_stops_reading_gets_backpressure() -> None:
         await proxy.close()
 
 
-def test_sigterm_finishes_in_flight_work_tells_clients_and_exits_0() -> None:
+@pytest.mark.parametrize("transport", ["tcp", pytest.param("ucx", marks=needs_ucx)])
+def test_sigterm_finishes_in_flight_work_tells_clients_and_exits_0(transport: str) -> None:
     script = textwrap.dedent("""
         import asyncio, json, sys, numpy as np, gpuremote
         async def main():
@@ -359,7 +438,7 @@ def test_sigterm_finishes_in_flight_work_tells_clients_and_exits_0() -> None:
                                   "after": after}), flush=True)
         asyncio.run(main())
     """)
-    with LocalProxy("tcp", "numpy") as proxy:
+    with LocalProxy(transport, "numpy") as proxy:
         child = subprocess.Popen(
             [sys.executable, "-c", script, proxy.url],
             text=True,
@@ -405,12 +484,16 @@ def test_bench_load_json_schema(cli: Cli) -> None:
     assert result["proxy_rss_mb"]["before"] > 0
 
 
-def test_bench_fuzz_short_run_keeps_the_proxy_serving(cli: Cli) -> None:
-    out = cli("bench", "fuzz", "--seconds", "1", "--backend", "numpy", "--json", timeout=120)
+def test_bench_fuzz_short_run_keeps_the_proxy_serving(cli: Cli, network_scheme: str) -> None:
+    out = cli(
+        "bench", "fuzz", "--seconds", "1", "--backend", "numpy", "--transport", network_scheme,
+        "--json", timeout=120,
+    )  # fmt: skip
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
-    assert result["bench"] == "fuzz" and result["frames"] > 0
+    assert result["bench"] == "fuzz" and result["frames"] > 0 and result["after_hello"] > 0
     assert result["control_checks"] > 0 and result["control_failures"] == 0
+    assert result["url"].startswith(f"{network_scheme}://") and result["proxy_alive"]
 
 
 async def test_serve_max_frame_bytes_bounds_what_a_client_can_send() -> None:

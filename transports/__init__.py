@@ -83,11 +83,15 @@ async def listen(
     settings: Mapping[str, Any] | None = None,
     allocate: Callable[[int], memoryview] | None = None,
     device_allocate: Callable[[int], Any] | None = None,
+    handshake_limits: FrameLimits | None = None,
 ) -> Listener:
     """Listen at ``url``, running ``handler(conn)`` for each connection (received buffers
     in memory from ``allocate``, where the transport can; large ones in device memory from
-    ``device_allocate``, where the transport moves device memory itself)."""
+    ``device_allocate``, where the transport moves device memory itself). With
+    ``handshake_limits``, each connection takes only frames within those, into fresh host
+    memory, until ``conn.admit()``."""
     address = Address.parse(url)
     transport = get_transport(address.scheme, limits, settings, allocate)
     transport.device_allocate = device_allocate
+    transport.handshake_limits = handshake_limits
     return await transport.listen(address, handler)

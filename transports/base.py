@@ -108,6 +108,16 @@ class Connection(abc.ABC):
 
         self._pump_task = asyncio.get_running_loop().create_task(pump())
 
+    def admit(self, reserve: Callable[[int], None] | None = None) -> None:  # noqa: B027
+        """The peer is in (its handshake is done): from now on take frames up to the
+        transport's full limits, into the memory the listener was given (a backend's pinned
+        or device memory). Until then a connection accepted with ``handshake_limits`` takes
+        only frames within those, into fresh host memory of their exact size.
+
+        ``reserve(nbytes)``, where given, is called with each frame's buffer bytes as soon
+        as its header gives them, before any of that memory is allocated: it raises
+        ``LimitExceeded`` to refuse (the connection then ends with that error)."""
+
     def pause_reading(self) -> None:  # noqa: B027 - optional
         """Stop taking frames from the network until ``resume_reading()`` (backpressure)."""
 
@@ -160,9 +170,11 @@ class FrameInbox:
 
 
 class Listener(abc.ABC):
-    """A listening endpoint; ``url`` is the address clients connect to."""
+    """A listening endpoint; ``url`` is the address clients connect to, ``bound`` the
+    addresses it really listens on (as URLs; none for a listener off the network)."""
 
     url: str
+    bound: tuple[str, ...] = ()
 
     @abc.abstractmethod
     async def close(self) -> None: ...
@@ -186,6 +198,10 @@ class Transport(abc.ABC):
         #: where a transport that moves device memory itself may receive large buffers (a
         #: backend's ``device_allocator``), set by ``listen``; None: host memory only
         self.device_allocate: Callable[[int], Any] | None = None
+        #: the limits of what an accepted connection takes before ``Connection.admit()`` (its
+        #: handshake: nothing large, nothing into ``allocate``'s or ``device_allocate``'s
+        #: memory), set by ``listen``; None: the full ``limits`` from the start
+        self.handshake_limits: FrameLimits | None = None
         #: defaults for the options a URL may carry (``?key=value`` wins), from the caller:
         #: a transport reads no configuration of its own
         self.settings: Mapping[str, Any] = settings or {}

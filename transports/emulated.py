@@ -238,6 +238,9 @@ class EmulatedConnection(Connection):
             lambda: None if self._lost_exc is None else ConnectionClosed(str(self._lost_exc))
         )
 
+    def admit(self, reserve: Callable[[int], None] | None = None) -> None:
+        self._inner.admit(reserve)
+
     def pause_reading(self) -> None:
         self._inner.pause_reading()
 
@@ -307,5 +310,6 @@ class EmulatedTransport(Transport):
             out_link, in_link = self.links(address)
             await handler(EmulatedConnection(conn, out_link, in_link))
 
+        self.inner.handshake_limits = self.handshake_limits
         # clients connect to the real address: the link is emulated once, on this side
         return await self.inner.listen(self._inner_address(address), wrapped)

@@ -17,7 +17,7 @@ import ssl
 from collections.abc import Callable
 
 from gpuremote.errors import ConfigError, ConnectionClosed, ProtocolError
-from gpuremote.framing import Frame, FrameDecoder, FrameLimits, encode_frame
+from gpuremote.framing import Frame, FrameDecoder, FrameLimits, default_allocate, encode_frame
 
 from .base import Address, Connection, ConnectionHandler, FrameInbox, Listener, Transport
 
@@ -32,8 +32,9 @@ class _Protocol(asyncio.BufferedProtocol):
         limits: FrameLimits,
         on_made: Callable[[TcpConnection], None] | None = None,
         allocate: Callable[[int], memoryview] | None = None,
+        handshake: FrameLimits | None = None,
     ) -> None:
-        self.conn = TcpConnection(limits, allocate=allocate)
+        self.conn = TcpConnection(limits, allocate=allocate, handshake=handshake)
         self._on_made = on_made
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -72,11 +73,16 @@ class TcpConnection(Connection):
         *,
         max_queued_frames: int = 64,
         allocate: Callable[[int], memoryview] | None = None,
+        handshake: FrameLimits | None = None,
     ) -> None:
         self._loop = asyncio.get_running_loop()
         self._limits = limits
+        self._allocate = allocate or default_allocate
+        #: until ``admit()``: the handshake's limits, into fresh host memory
         self._decoder = (
-            FrameDecoder(limits) if allocate is None else FrameDecoder(limits, allocate=allocate)
+            FrameDecoder(handshake)
+            if handshake is not None
+            else FrameDecoder(limits, allocate=self._allocate)
         )
         self._transport: asyncio.Transport | None = None
         self._inbox = FrameInbox()
@@ -88,6 +94,7 @@ class TcpConnection(Connection):
         self._paused = False  # by the user (pause_reading)
         self._throttled = False  # by a full recv queue
         self._receiver: Callable[[Frame], None] | None = None
+        self._receiver_error: BaseException | None = None
         self._on_lost: Callable[[BaseException], None] | None = None
 
     # -- asyncio callbacks -----------------------------------------------------------------
@@ -189,6 +196,7 @@ class TcpConnection(Connection):
             try:
                 receiver(f)
             except Exception as exc:
+                self._receiver_error = exc  # the receiver's own fault: on_lost gets it as is
                 self._fail(exc)
                 return
 
@@ -202,6 +210,9 @@ class TcpConnection(Connection):
             self._update_reading()
         if self._closed:
             self._finish()
+
+    def admit(self, reserve: Callable[[int], None] | None = None) -> None:
+        self._decoder.set_limits(self._limits, self._allocate, reserve)
 
     def pause_reading(self) -> None:
         self._paused = True
@@ -238,7 +249,9 @@ class TcpConnection(Connection):
         return f"connection to {self.peer} is closed"
 
     def _closed_error(self) -> BaseException:
-        if isinstance(self._error, ProtocolError):
+        if isinstance(self._error, ProtocolError) or (
+            self._error is not None and self._error is self._receiver_error
+        ):
             return self._error
         return ConnectionClosed(self._why())
 
@@ -314,7 +327,7 @@ class TcpTransport(Transport):
             task.add_done_callback(tasks.discard)
 
         def factory() -> _Protocol:
-            return _Protocol(self.limits, start, self.allocate)
+            return _Protocol(self.limits, start, self.allocate, self.handshake_limits)
 
         host = address.host or "127.0.0.1"
         try:
@@ -329,7 +342,12 @@ class TcpTransport(Transport):
         except OSError as exc:
             raise ConnectionClosed(f"cannot listen on {address.url()}: {exc}") from None
         bound = server.sockets[0].getsockname()
-        return TcpListener(server, Address(self.scheme, host, bound[1]).url())
+        listener = TcpListener(server, Address(self.scheme, host, bound[1]).url())
+        listener.bound = tuple(
+            Address(self.scheme, s.getsockname()[0], s.getsockname()[1]).url()
+            for s in server.sockets
+        )
+        return listener
 
 
 class TlsTransport(TcpTransport):

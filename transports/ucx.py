@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import ipaddress
+import logging
 import os
 import struct
 import weakref
@@ -49,14 +51,19 @@ __all__ = ["RawUcx", "UcxConnection", "UcxListener", "UcxTransport", "raw_connec
 
 Done = Callable[[BaseException | None], None]
 
+log = logging.getLogger("gpuremote.transports.ucx")
+
 
 class _Driver:
     """The UCX worker of one event loop and its progress (see the module docstring)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+    def __init__(self, loop: asyncio.AbstractEventLoop, local_only: bool = False) -> None:
+        # weakly: ``_DRIVERS`` is keyed by the loop, and a driver that held its loop would
+        # keep both alive (with UCX's context and worker) after the loop is gone
+        self._loop = weakref.ref(loop)
         features = (ucx_api.Feature.TAG, ucx_api.Feature.STREAM, ucx_api.Feature.WAKEUP)
-        self.context = ucx_api.UCXContext(feature_flags=features)
+        self.local_only = local_only
+        self.context = ucx_api.UCXContext(ucx_config(local_only), feature_flags=features)
         self.worker = ucx_api.UCXWorker(self.context)
         self.worker.init_blocking_progress_mode()
         self._pending: list[tuple[Any, Done, object]] = []
@@ -66,10 +73,18 @@ class _Driver:
         self.in_progress = False  # inside the worker's progress (its callbacks run there)
         loop.add_reader(self.worker.epoll_file_descriptor, self.progress)
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop this driver runs on."""
+        loop = self._loop()
+        if loop is None:
+            raise ConnectionClosed("ucx://: the event loop of this connection is gone")
+        return loop
+
     def track(self, request: Any, done: Done, owner: object = None) -> None:
         """Call ``done(None)`` (or ``done(exc)``) once ``request`` completes."""
         if request.completed:
-            self._finish(request, done)
+            self._finish(request, done, owner)
             return
         self._pending.append((request, done, owner))
         self.soon()
@@ -88,16 +103,29 @@ class _Driver:
         prober: UcxConnection | RawUcx,
         owner: object,
         done: Callable[[BaseException | None, np.ndarray[Any, Any]], None],
+        max_length: int | None = None,
     ) -> bool:
-        """Receive the next message on ``tag``, whatever its size, into a new buffer, then
+        """Receive the next message on ``tag`` into a new buffer of its size, then
         ``done(exc or None, buffer)``; where none came yet, ``prober`` is asked again after
-        the next progress. Returns whether a message was taken."""
+        the next progress. A message longer than ``max_length`` is dropped unread (received
+        into one byte: UCX truncates it) and ``done`` gets ``LimitExceeded``: nothing of its
+        size is allocated. Returns whether a message was taken."""
         probe = self.worker.tag_probe(tag, remove=True)
         if not probe.matched:
             self.probers.add(prober)
             return False
         self.probers.discard(prober)
-        buf = np.empty(probe.length, dtype=np.uint8)
+        length = probe.length
+        if max_length is not None and length > max_length:
+            sink = np.empty(1, dtype=np.uint8)
+            refused = LimitExceeded(f"a message of {length} bytes; the limit is {max_length}")
+            self.track(
+                self.worker.tag_recv_with_handle(UcxArray(sink), probe),
+                lambda exc: done(refused, sink),
+                owner,
+            )
+            return True
+        buf = np.empty(length, dtype=np.uint8)
         self.track(
             self.worker.tag_recv_with_handle(UcxArray(buf), probe),
             lambda exc: done(exc, buf),
@@ -140,35 +168,94 @@ class _Driver:
         pending, self._pending = self._pending, []
         for item in pending:
             if item[0].completed:
-                self._finish(item[0], item[1])
+                self._finish(*item)
             else:
                 self._pending.append(item)
 
-    @staticmethod
-    def _finish(request: Any, done: Done) -> None:
+    def _finish(self, request: Any, done: Done, owner: object = None) -> None:
+        error: BaseException | None = None
         try:
             request.check_error()
         except Exception as exc:
-            done(exc)
-        else:
-            done(None)
+            error = exc
+        try:
+            done(error)
+        except Exception as exc:  # a bug in a callback: that one connection fails, alone
+            log.error("ucx://: a completion failed", exc_info=exc)
+            fail = getattr(owner, "_fail", None)
+            if fail is not None:
+                self.loop.call_soon(fail, exc)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing in flight and no connection waiting for a message."""
+        return not self._pending and not self.probers
 
     def close(self) -> None:
+        """Stop watching the worker and let UCX's worker and context go."""
         with contextlib.suppress(Exception):
             self.loop.remove_reader(self.worker.epoll_file_descriptor)
+        self._pending.clear()
+        self.probers.clear()
 
 
-_DRIVERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Driver] = (
+#: the environment variables that ucxx sets itself when imported, with the values it sets
+_UCXX_OWN = {
+    "UCX_MEMTYPE_CACHE": "n",
+    "UCX_RNDV_THRESH": "8192",
+    "UCX_RNDV_FRAG_MEM_TYPE": "cuda",
+    "UCX_MAX_RNDV_RAILS": "1",
+    "UCX_CUDA_COPY_MAX_REG_RATIO": "1.0",
+}
+
+
+def user_ucx_variables() -> dict[str, str]:
+    """The ``UCX_*`` environment variables that the user set (not ucxx's own defaults)."""
+    return {k: v for k, v in os.environ.items() if k.startswith("UCX_") and _UCXX_OWN.get(k) != v}
+
+
+def ucx_config(local_only: bool) -> dict[str, str]:
+    """The UCX options of a worker's context. ``local_only`` (a listener on a loopback
+    address): UCX's network transports use the loopback device only (``NET_DEVICES=lo``;
+    shared memory, CMA and self stay), so nothing of UCX's own listens on another address.
+    UCX's warnings about environment variables (those ucxx sets itself) are off unless the
+    user set ``UCX_*`` variables."""
+    config: dict[str, str] = {}
+    if local_only:
+        config["NET_DEVICES"] = "lo"
+    if not user_ucx_variables():
+        config["WARN_UNUSED_ENV_VARS"] = "n"
+    return config
+
+
+#: per event loop, its drivers: one for connections out and listeners on any address, one
+#: (``local_only``) for listeners on a loopback address
+_DRIVERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[bool, _Driver]] = (
     weakref.WeakKeyDictionary()
 )
 
 
-def _driver() -> _Driver:
+def _driver(local_only: bool = False) -> _Driver:
     loop = asyncio.get_running_loop()
-    driver = _DRIVERS.get(loop)
+    drivers = _DRIVERS.get(loop)
+    if drivers is None:
+        for old in [other for other in _DRIVERS if other.is_closed()]:
+            for gone in _DRIVERS.pop(old).values():  # the drivers of loops that ended
+                gone.close()
+        drivers = _DRIVERS[loop] = {}
+    driver = drivers.get(local_only)
     if driver is None:
-        driver = _DRIVERS[loop] = _Driver(loop)
+        driver = drivers[local_only] = _Driver(loop, local_only)
     return driver
+
+
+def _is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 #: the transport's own hello, over the listener's endpoint: magic, flags, tag, address length
@@ -193,12 +280,18 @@ class UcxConnection(Connection):
         peer: str,
         allocate: Callable[[int], memoryview] | None = None,
         device_allocate: Callable[[int], Any] | None = None,
+        handshake: FrameLimits | None = None,
     ) -> None:
         self._driver = driver
         self._device_allocate = device_allocate
         self._ep = endpoint
-        self._limits = limits
+        self._full_limits = limits
+        #: until ``admit()``: the handshake's limits, and fresh host memory only
+        self._limits = handshake or limits
+        self._admitted = handshake is None
         self._allocate = allocate
+        self._receiver_error: BaseException | None = None
+        self._reserve: Callable[[int], None] | None = None
         self.peer = peer
         self._inbox = FrameInbox()
         self._receiver: Callable[[Frame], None] | None = None
@@ -281,8 +374,18 @@ class UcxConnection(Connection):
             self._hello_wait = None
 
     # -- receiving -------------------------------------------------------------------------
+    def admit(self, reserve: Callable[[int], None] | None = None) -> None:
+        self._limits = self._full_limits
+        self._admitted = True
+        self._reserve = reserve
+
+    def _max_message(self) -> int:
+        """The longest first message of a frame that the limits allow."""
+        lim = self._limits
+        return HEADER.size + 8 * lim.max_buffers + lim.max_meta_bytes + lim.max_frame_bytes
+
     def _buffer(self, nbytes: int) -> np.ndarray[Any, Any]:
-        if self._allocate is None or nbytes == 0:
+        if self._allocate is None or nbytes == 0 or not self._admitted:
             return np.empty(nbytes, dtype=np.uint8)
         return np.frombuffer(self._allocate(nbytes), dtype=np.uint8)
 
@@ -323,12 +426,14 @@ class UcxConnection(Connection):
             return
 
         def done(exc: BaseException | None, buf: np.ndarray[Any, Any]) -> None:
-            if exc is not None:
+            if isinstance(exc, ProtocolError):
+                self._fail(exc)
+            elif exc is not None:
                 self._fail(ConnectionClosed(f"{self.peer}: {exc}"))
             elif not self._closed:
                 self._got_message(buf)
 
-        driver.take_message(self._my_tag, self, self, done)
+        driver.take_message(self._my_tag, self, self, done, self._max_message())
 
     def _check_header(self, head: bytes) -> tuple[int, int] | None:
         magic, version, _flags, meta_len, nbufs = HEADER.unpack(head)
@@ -347,6 +452,13 @@ class UcxConnection(Connection):
         if meta_len + sum(lengths) > self._limits.max_frame_bytes:
             self._fail(LimitExceeded(f"frame of {meta_len + sum(lengths)} bytes"))
             return False
+        total: int = sum(lengths)
+        if self._reserve is not None and total:
+            try:
+                self._reserve(total)
+            except LimitExceeded as exc:
+                self._fail(exc)
+                return False
         return True
 
     def _got_message(self, raw: np.ndarray[Any, Any]) -> None:
@@ -360,6 +472,13 @@ class UcxConnection(Connection):
             return
         meta_len, nbufs = checked
         at = HEADER.size + 8 * nbufs
+        if raw.size < at + meta_len:
+            self._fail(
+                RemoteProtocolError(
+                    f"a message of {raw.size} bytes is shorter than its header says"
+                )
+            )
+            return
         lengths = list(struct.unpack(f"<{nbufs}Q", raw[HEADER.size : at].tobytes()))
         if not self._check_lengths(meta_len, lengths):
             return
@@ -396,7 +515,7 @@ class UcxConnection(Connection):
                 self._deliver(Frame(meta, [g for g in got if g is not None]))
                 self._read_header()
 
-        device = self._device_allocate if self.device_memory else None
+        device = self._device_allocate if self.device_memory and self._admitted else None
         for i, n in enumerate(lengths):
             buf: Any = None
             if device is not None and n >= DEVICE_DIRECT_MIN:
@@ -446,6 +565,7 @@ class UcxConnection(Connection):
         try:
             receiver(frame)
         except Exception as exc:
+            self._receiver_error = exc  # the receiver's own fault: on_lost gets it as is
             self._fail(exc)
 
     def set_receiver(
@@ -567,7 +687,9 @@ class UcxConnection(Connection):
         if fast is not None:  # its receives posted end with it
             with contextlib.suppress(Exception):
                 fast.close()
-        if self._error is None and ep.alive:  # live: close it, so that the peer sees it go
+        if (
+            ep.alive
+        ):  # live (the peer did not go, nor UCX fail it): close it, so the peer sees it go
             with contextlib.suppress(Exception):
                 ep.close()
         self._dead_eps = (ep, fast)  # UCX's objects go only with the connection
@@ -576,7 +698,12 @@ class UcxConnection(Connection):
         on_lost, self._on_lost = self._on_lost, None
         if on_lost is not None:
             error = self._error
-            on_lost(error if isinstance(error, ProtocolError) else self._why_exc())
+            if isinstance(error, ProtocolError) or (
+                error is not None and error is self._receiver_error
+            ):
+                on_lost(error)
+            else:
+                on_lost(self._why_exc())
 
     @property
     def closed(self) -> bool:
@@ -584,15 +711,19 @@ class UcxConnection(Connection):
 
 
 class UcxListener(Listener):
-    def __init__(self, listener: Any, url: str, tasks: set[asyncio.Future[None]]) -> None:
+    """ucxx binds a listener to every interface (it takes a port, not an address): ``bound``
+    says so. The connections it accepted live on after ``close`` (their owner ends them: a
+    proxy drains its sessions first)."""
+
+    def __init__(self, listener: Any, url: str, holder: list[Any]) -> None:
         self._listener = listener
+        self._holder = holder
         self.url = url
-        self._tasks = tasks
+        self.bound = (Address("ucx", listener.ip or "0.0.0.0", listener.port).url(),)
 
     async def close(self) -> None:
         self._listener = None
-        for task in list(self._tasks):
-            task.cancel()
+        self._holder.clear()  # UCX's listener goes with the last reference
 
 
 class UcxTransport(Transport):
@@ -624,11 +755,13 @@ class UcxTransport(Transport):
         return conn
 
     async def listen(self, address: Address, handler: ConnectionHandler) -> Listener:
-        driver = _driver()
+        host = address.host or "127.0.0.1"
+        driver = _driver(local_only=_is_loopback(host))
         tasks: set[asyncio.Future[None]] = set()
         holder: list[Any] = []
         fast = self._fast(address)
         device = self.device_allocate if self._on(address, "device") else None
+        handshake = self.handshake_limits
 
         async def serve(conn: UcxConnection) -> None:
             try:
@@ -638,8 +771,12 @@ class UcxTransport(Transport):
             await handler(conn)
 
         def accept(conn_request: Any) -> None:
+            if not holder:  # closed meanwhile
+                return
             ep = holder[0].create_endpoint_from_conn_request(conn_request, True)
-            conn = UcxConnection(driver, ep, self.limits, "ucx-peer", self.allocate, device)
+            conn = UcxConnection(
+                driver, ep, self.limits, "ucx-peer", self.allocate, device, handshake
+            )
             task: asyncio.Future[None] = asyncio.ensure_future(serve(conn))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
@@ -652,8 +789,7 @@ class UcxTransport(Transport):
         except Exception as exc:
             raise ConnectionClosed(f"cannot listen on {address.url()}: {exc}") from None
         holder.append(listener)
-        host = address.host or "127.0.0.1"
-        return UcxListener(listener, Address(self.scheme, host, listener.port).url(), tasks)
+        return UcxListener(listener, Address(self.scheme, host, listener.port).url(), holder)
 
 
 class RawUcx:
