@@ -447,7 +447,16 @@ class SimCheckBackend(SimBackend):
         self, op: Any, ins: Sequence[Any], outs: Sequence[Any], params: dict[str, Any], stream: Any
     ) -> None:
         self.checker.access(stream.clock, ins, outs)
-        super().run_op(op, ins, outs, params, stream)
+        label = self.checker.label
+
+        def job() -> None:
+            try:
+                op.run(np, ins, outs, params)
+            except Exception as exc:  # raised at the next wait: name the call that failed
+                raise BackendError(f"{label}: {type(exc).__name__}: {exc}") from None
+            self._work()
+
+        stream.put(job)
 
     # -- waiting ---------------------------------------------------------------------------
     def to_host(self, src: Any, stream: Any) -> np.ndarray[Any, Any]:
