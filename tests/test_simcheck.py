@@ -230,7 +230,7 @@ def test_memory_dropped_without_a_free_is_reported_at_its_next_owner() -> None:
     new = checker.alloc(64)
     assert (new == POISON).all()
     checker.note_call(8, "copy_h2d", None, 2, 0)
-    with pytest.raises(StreamRace, match="use after free: call #8 copy_h2d .* call #5"):
+    with pytest.raises(StreamRace, match=r"use after free: call #8 copy_h2d .* call #5"):
         checker.access(s0, (), (new,))
 
 
