@@ -14,7 +14,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -61,7 +61,7 @@ def test_backends() -> list[str]:
     return names
 
 
-test_backends.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test
+test_backends.__test__ = False  # a helper, not a test
 
 _NO_CUPY: str | None = None
 if "cupy" in test_backends():
@@ -71,16 +71,17 @@ if "cupy" in test_backends():
     _NO_CUPY = None if _ok else f"the cupy backend needs a GPU: {_why}"
 
 
-def backend_params(schemes: Sequence[Any] | None = None) -> list[Any]:
+def backend_params() -> list[Any]:
     """``(scheme, backend)`` parameters: each test backend over the schemes it runs on
     (``sim...`` over inproc:// only; ``cupy`` skipped, with the reason, without a GPU)."""
     params: list[Any] = []
     for backend in test_backends():
-        for sp in SCHEMES if schemes is None else schemes:
-            name = sp if isinstance(sp, str) else sp.values[0]
-            marks = [] if isinstance(sp, str) else list(sp.marks)
+        for name in ("inproc", "tcp", "ucx"):
             if backend.startswith("sim") and name != "inproc":
                 continue
+            marks = []
+            if name == "ucx" and _NO_UCX is not None:
+                marks.append(pytest.mark.skip(reason=_NO_UCX))
             if backend == "cupy" and _NO_CUPY is not None:
                 marks.append(pytest.mark.skip(reason=_NO_CUPY))
             params.append(pytest.param((name, backend), id=f"{name}-{backend}", marks=marks))

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import gpuremote
 from gpuremote.backends import BackendError, get_backend
-from gpuremote.backends.sim_backend import SimOptions
+from gpuremote.backends.sim_backend import SimBackend, SimOptions
 from gpuremote.backends.simcheck import POISON, Checker, SimCheckBackend, StreamRace
 from gpuremote.errors import RemoteCallError
 from gpuremote.proxy import Proxy
@@ -43,6 +43,7 @@ def test_sim_options_combine_in_any_order(
     options = SimOptions.parse(spec)
     assert options == SimOptions(op_us=float(op_us or 0), check=check)
     backend = get_backend(spec)
+    assert isinstance(backend, SimBackend)
     assert isinstance(backend, SimCheckBackend) == check
     assert backend.op_s == pytest.approx((op_us or 0) / 1e6)
 
