@@ -48,7 +48,7 @@ def scheme(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def test_backends() -> list[str]:
+def wanted_backends() -> list[str]:
     """The backends of ``GPUREMOTE_TEST_BACKENDS`` (default ``numpy,sim:check``)."""
     names = [
         n.strip()
@@ -61,10 +61,8 @@ def test_backends() -> list[str]:
     return names
 
 
-test_backends.__test__ = False  # a helper, not a test
-
 _NO_CUPY: str | None = None
-if "cupy" in test_backends():
+if "cupy" in wanted_backends():
     from gpuremote.backends import cupy_usable
 
     _ok, _why = cupy_usable()
@@ -75,7 +73,7 @@ def backend_params() -> list[Any]:
     """``(scheme, backend)`` parameters: each test backend over the schemes it runs on
     (``sim...`` over inproc:// only; ``cupy`` skipped, with the reason, without a GPU)."""
     params: list[Any] = []
-    for backend in test_backends():
+    for backend in wanted_backends():
         for name in ("inproc", "tcp", "ucx"):
             if backend.startswith("sim") and name != "inproc":
                 continue
@@ -107,7 +105,7 @@ def module_backend_scheme(request: pytest.FixtureRequest) -> tuple[str, str]:
         pytest.param(
             b, id=b, marks=[pytest.mark.skip(reason=_NO_CUPY)] if b == "cupy" and _NO_CUPY else []
         )
-        for b in test_backends()
+        for b in wanted_backends()
     ]
 )
 def each_backend(request: pytest.FixtureRequest) -> str:
