@@ -300,9 +300,9 @@ async def test_a_session_ending_with_work_queued_keeps_its_memory_until_the_work
 ) -> None:
     p, url = checked
     a = await gpuremote.connect(url)
-    x = a.asarray(DATA)
-    for _ in range(5):
-        x = a.exp(a.op("negative", x))  # 200 ms queued on its stream
+    xs = [a.asarray(DATA)]
+    for _ in range(10):
+        xs.append(a.exp(xs[-1]))  # 200 ms queued on its stream; every array alive to the end
     await a.flush()
     await a.aclose()  # leaves with the work queued
     for _ in range(500):
