@@ -343,3 +343,12 @@ def test_serve_backend_sim_check_reports_a_race_to_the_user(tmp_path: Any) -> No
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_what_the_host_writes_comes_before_what_any_stream_does_next() -> None:
+    checker = Checker()
+    s1 = checker.new_clock()
+    checker.access(s1, (), ())  # stream 1 has joined the host's clock once already
+    buf = checker.alloc(64)
+    checker.access(checker.host, (), (buf,))  # e.g. a data-dependent op's result, made here
+    checker.access(s1, (buf,), (buf,))

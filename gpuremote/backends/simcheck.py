@@ -158,6 +158,8 @@ class Checker:
             clock.seen = self._host_gen
         epoch = clock.vc.get(clock.sid, 0) + 1
         clock.vc[clock.sid] = epoch
+        if clock.sid == HOST:  # what the host does comes before all it issues later
+            self._host_gen += 1
         return epoch
 
     def _host_learns(self, vc: dict[int, int]) -> None:
