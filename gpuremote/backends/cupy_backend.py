@@ -186,8 +186,8 @@ class CupyBackend(Backend):
     def run_dynamic(
         self, op: Any, ins: Sequence[Any], params: dict[str, Any], stream: Any, budget: int
     ) -> list[Any]:
-        with stream:
-            return list(op.dynamic(cp, ins, params, budget))
+        with stream:  # contiguous here, so that as_buffer makes no copy off the stream
+            return [cp.ascontiguousarray(r) for r in op.dynamic(cp, ins, params, budget)]
 
     def create_stream(self) -> Any:
         return cp.cuda.Stream(non_blocking=True)
