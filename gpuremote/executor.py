@@ -210,7 +210,7 @@ class Executor:
         self.nbytes.clear()
         self._views.clear()
         self.device_bytes = 0
-        for s in reversed(list(self.streams.values())):
+        for s in reversed(streams):
             self.backend.destroy_stream(s)
         self.streams.clear()
         self.events.clear()
