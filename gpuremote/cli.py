@@ -289,7 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--backend",
         default="auto",
-        help="auto, cupy, numpy, or sim (a simulated device; sim:op_us=50 for 50 µs per op)",
+        help="auto, cupy, numpy, or sim (a simulated device; sim:op_us=50 for 50 µs per op; "
+        "sim:check checks stream order: races, use after free; sim:check,op_us=50)",
     )
     s.add_argument(
         "--max-clients",

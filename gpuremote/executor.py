@@ -76,6 +76,7 @@ class Executor:
         device_io: bool = False,
     ) -> None:
         self.backend = backend
+        self._checks = backend.checks
         #: the session's connection moves device memory itself (ucx:// to a GPU backend):
         #: large uploads arrive in device memory and large downloads leave from it
         self.device_io = device_io and backend.device_allocator() is not None
@@ -88,7 +89,9 @@ class Executor:
         self.session_id = session_id
         self.buffers: dict[int, Any] = {}
         self.nbytes: dict[int, int] = {}
-        self.streams: dict[int, Any] = {0: backend.create_stream()}
+        #: the session's default stream: device memory is allocated in order on it
+        self._stream0 = backend.create_stream()
+        self.streams: dict[int, Any] = {0: self._stream0}
         self.events: dict[int, Any] = {}
         self.kernels: dict[int, Any] = {}
         self.device_bytes = 0
@@ -165,6 +168,14 @@ class Executor:
                 ctx.is_last = i == last
                 ctx.stream = stream
                 ctx.stream_handle = cmd.stream
+                if self._checks:  # sim:check names the calls in its reports
+                    self.backend.note_call(
+                        cmd.seq,
+                        spec.name,
+                        cmd.args[0] if spec.name in _LAUNCHES else None,
+                        self.session_id,
+                        cmd.stream,
+                    )
                 value = dispatch[spec.name](ctx, *cmd.args)
             except Exception as exc:
                 op = cmd.args[0] if spec.name in _LAUNCHES else None
@@ -185,16 +196,24 @@ class Executor:
                 replies.append(Reply(cmd.seq, True, value))
 
     def close(self) -> None:
-        """Free everything this session holds (at disconnect)."""
+        """Free everything this session holds (at disconnect), waiting for its device work
+        first (off the event loop): its buffers' memory goes to other work only after the
+        work queued on them has run; then its streams, the default stream last."""
         if self._tickets is not None:
             self._tickets.drop_session(self.session_id)
         if self.peers is not None:
             self.peers.clear()
+        streams = list(self.streams.values())
+        for s in streams:
+            with contextlib.suppress(Exception):  # nobody to report a device error to now
+                self.backend.synchronize(s)
+        with contextlib.suppress(Exception):
+            self.backend.free(list(self.buffers.values()), streams)
         self.buffers.clear()
         self.nbytes.clear()
         self._views.clear()
         self.device_bytes = 0
-        for s in list(self.streams.values()):
+        for s in reversed(streams):
             self.backend.destroy_stream(s)
         self.streams.clear()
         self.events.clear()
@@ -328,25 +347,38 @@ class Executor:
                 f"allocating {nbytes} bytes would make this session hold "
                 f"{self.device_bytes + nbytes} bytes; its limit is {self.limits.max_device_bytes}"
             )
-        self.buffers[handle] = self.backend.alloc(nbytes)
+        self.buffers[handle] = self.backend.alloc(nbytes, self._stream0)
         self.nbytes[handle] = nbytes
         self.device_bytes += nbytes
 
+    def _release(self, bufs: list[Any]) -> None:
+        """Free ``bufs`` in stream order: after the work queued so far on every stream of
+        the session (a free comes from any view or from the garbage collector, so it cannot
+        know which streams used the buffer)."""
+        self.backend.free(bufs, list(self.streams.values()))
+
     def _cmd_free(self, ctx: _Ctx, handle: int) -> None:
-        if self.buffers.pop(handle, None) is None:
+        buf = self.buffers.pop(handle, None)
+        if buf is None:
             raise CallFailed(f"unknown buffer handle {handle}")
         self.device_bytes -= self.nbytes.pop(handle)
         self._views.pop(handle, None)
+        self._release([buf])
 
     def _cmd_free_buffers(self, ctx: _Ctx, handles: tuple[int, ...]) -> None:
         unknown = []
+        freed = []
         buffers, nbytes, views = self.buffers, self.nbytes, self._views
         for handle in handles:
-            if buffers.pop(handle, None) is None:
+            buf = buffers.pop(handle, None)
+            if buf is None:
                 unknown.append(handle)
                 continue
+            freed.append(buf)
             self.device_bytes -= nbytes.pop(handle)
             views.pop(handle, None)
+        if freed:
+            self._release(freed)
         if unknown:
             raise CallFailed(f"unknown buffer handle(s) {unknown}")
 
@@ -368,6 +400,7 @@ class Executor:
             adopted = self.backend.adopt_host(host)
             if adopted is not None:  # the received memory becomes the buffer: no copy
                 ctx.used_buffers.add(index)
+                self._release([self.buffers[dst.handle]])
                 self.buffers[dst.handle] = adopted
                 self._views.pop(dst.handle, None)
                 return
@@ -383,6 +416,7 @@ class Executor:
             and index not in ctx.used_buffers
         ):
             ctx.used_buffers.add(index)
+            self._release([self.buffers[dst.handle]])
             self.buffers[dst.handle] = data
             self._views.pop(dst.handle, None)
             return
@@ -602,7 +636,7 @@ class Executor:
             )
         u8 = np.dtype(np.uint8)
         s = self._resolve(ArrayDesc(src.handle, src.offset, (nbytes,), u8))
-        copy = self.backend.alloc(nbytes)
+        copy = self.backend.alloc(nbytes, self._stream0)
         self.backend.copy(self.backend.view(copy, 0, (nbytes,), u8), s, ctx.stream)
         self.backend.synchronize(ctx.stream)  # the reader uses a stream of its own
         try:

@@ -1,4 +1,11 @@
-"""Shared fixtures: an in-process proxy on the NumPy backend, reached over inproc:// and tcp://."""
+"""Shared fixtures: an in-process proxy, reached over inproc://, tcp:// and ucx://, on each
+backend of ``GPUREMOTE_TEST_BACKENDS``.
+
+``GPUREMOTE_TEST_BACKENDS`` (default ``numpy,sim:check``; ``cupy`` where CuPy and a GPU are
+present) chooses the backends that the end-to-end tests run on. NumPy and CuPy run over every
+transport; ``sim:check`` (the simulated device as a checker of stream semantics) over inproc://
+only, since what it checks does not depend on the transport and the suite must stay fast.
+"""
 
 from __future__ import annotations
 
@@ -41,9 +48,81 @@ def scheme(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+def wanted_backends() -> list[str]:
+    """The backends of ``GPUREMOTE_TEST_BACKENDS`` (default ``numpy,sim:check``)."""
+    names = [
+        n.strip()
+        for n in os.environ.get("GPUREMOTE_TEST_BACKENDS", "numpy,sim:check").split(",")
+        if n.strip()
+    ]
+    for n in names:
+        if n not in ("numpy", "cupy") and not n.startswith("sim"):
+            raise pytest.UsageError(f"GPUREMOTE_TEST_BACKENDS: unknown backend {n!r}")
+    return names
+
+
+_NO_CUPY: str | None = None
+if "cupy" in wanted_backends():
+    from gpuremote.backends import cupy_usable
+
+    _ok, _why = cupy_usable()
+    _NO_CUPY = None if _ok else f"the cupy backend needs a GPU: {_why}"
+
+
+def backend_params() -> list[Any]:
+    """``(scheme, backend)`` parameters: each test backend over the schemes it runs on
+    (``sim...`` over inproc:// only; ``cupy`` skipped, with the reason, without a GPU)."""
+    params: list[Any] = []
+    for backend in wanted_backends():
+        for name in ("inproc", "tcp", "ucx"):
+            if backend.startswith("sim") and name != "inproc":
+                continue
+            marks = []
+            if name == "ucx" and _NO_UCX is not None:
+                marks.append(pytest.mark.skip(reason=_NO_UCX))
+            if backend == "cupy" and _NO_CUPY is not None:
+                marks.append(pytest.mark.skip(reason=_NO_CUPY))
+            params.append(pytest.param((name, backend), id=f"{name}-{backend}", marks=marks))
+    return params
+
+
+@pytest.fixture(params=backend_params())
+def backend_scheme(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """``(scheme, backend)`` of an end-to-end test."""
+    name, backend = request.param
+    return str(name), str(backend)
+
+
+@pytest.fixture(scope="module", params=backend_params())
+def module_backend_scheme(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """``(scheme, backend)`` of a module's end-to-end tests that share one proxy."""
+    name, backend = request.param
+    return str(name), str(backend)
+
+
+@pytest.fixture(
+    params=[
+        pytest.param(
+            b, id=b, marks=[pytest.mark.skip(reason=_NO_CUPY)] if b == "cupy" and _NO_CUPY else []
+        )
+        for b in wanted_backends()
+    ]
+)
+def each_backend(request: pytest.FixtureRequest) -> str:
+    """Each test backend (for end-to-end tests whose transport is fixed, e.g. tcp://)."""
+    return str(request.param)
+
+
 @pytest.fixture
-async def proxy(scheme: str) -> AsyncIterator[tuple[Proxy, str]]:
-    p = Proxy("numpy")
+def backend_name(backend_scheme: tuple[str, str]) -> str:
+    """The backend an end-to-end test's proxy runs (``numpy``, ``sim:check``, ``cupy``)."""
+    return backend_scheme[1]
+
+
+@pytest.fixture
+async def proxy(backend_scheme: tuple[str, str]) -> AsyncIterator[tuple[Proxy, str]]:
+    scheme, backend = backend_scheme
+    p = Proxy(backend)
     url = f"inproc://test-{next(_names)}" if scheme == "inproc" else f"{scheme}://127.0.0.1:0"
     bound = await p.start(url)
     try:

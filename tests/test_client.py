@@ -105,7 +105,7 @@ async def test_client_that_disconnects_mid_stream_leaves_no_memory(
             break
         await asyncio.sleep(0.01)
     assert p.stats() | {"sessions_served": 0} == {
-        "backend": "numpy",
+        "backend": p.backend.name,
         "sessions": 0,
         "sessions_served": 0,
         "buffers": 0,
@@ -259,7 +259,8 @@ async def test_streams_and_events(gpu: gpuremote.GPU) -> None:
 
 
 async def test_user_kernels_need_the_cupy_backend(gpu: gpuremote.GPU) -> None:
-    assert gpu.device["backend"] == "numpy"
+    if gpu.device["backend"] == "cupy":
+        pytest.skip("the cupy backend has user kernels (tests/test_gpu.py)")
     with pytest.raises(LocalProtocolError, match="cupy backend"):
         gpu.kernel('extern "C" __global__ void k() {}', "k")
 
@@ -283,10 +284,10 @@ async def test_large_write_and_get_round_trip(gpu: gpuremote.GPU) -> None:
     np.testing.assert_array_equal(await x.get(), data)
 
 
-async def test_device_info_is_cached_at_connect(gpu: gpuremote.GPU) -> None:
+async def test_device_info_is_cached_at_connect(gpu: gpuremote.GPU, backend_name: str) -> None:
     before = gpu.stats()
     info = gpu.device
-    assert info["backend"] == "numpy" and "matmul" in info["ops"]
+    assert info["backend"] == backend_name.partition(":")[0] and "matmul" in info["ops"]
     assert gpu.stats()["frames_sent"] == before["frames_sent"]
 
 

@@ -9,6 +9,7 @@ import pytest
 
 import gpuremote
 from gpuremote.backends import cupy_usable
+from gpuremote.backends.base import buffer_owner
 from gpuremote.demo import mlp_data, train_local, train_remote
 
 usable, why = cupy_usable()
@@ -18,7 +19,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not usable, reason=f"needs a G
 @pytest.fixture
 async def gpu(scheme: str) -> AsyncIterator[gpuremote.GPU]:
     proxy = gpuremote.Proxy("cupy")
-    url = await proxy.start("inproc://gpu-test" if scheme == "inproc" else "tcp://127.0.0.1:0")
+    url = await proxy.start(
+        "inproc://gpu-test" if scheme == "inproc" else f"{scheme}://127.0.0.1:0"
+    )
     try:
         async with gpuremote.connect(url) as g:
             yield g
@@ -93,17 +96,60 @@ def test_large_copies_go_through_pinned_memory() -> None:
     data[:] = 0  # the upload was staged: the caller's memory is free at once
     out = backend.to_host(view, stream)
     np.testing.assert_array_equal(out, data_copy)
-    base = out
-    while isinstance(base, np.ndarray):
-        base = base.base
-    assert isinstance(base, cp.cuda.PinnedMemoryPointer)
+    assert isinstance(buffer_owner(out), cp.cuda.PinnedMemoryPointer)
 
 
 def test_the_transport_receives_large_uploads_into_pinned_memory() -> None:
     from gpuremote.backends.cupy_backend import CupyBackend, _is_pinned
 
-    allocate = CupyBackend().host_allocator()
+    backend = CupyBackend()
+    allocate = backend.host_allocator()
     assert allocate is not None
     big, small = allocate(1 << 20), allocate(16)
-    assert _is_pinned(np.frombuffer(big, np.uint8))
+    # as the executor sees a received buffer: frombuffer of the memoryview, viewed, reshaped
+    host = np.frombuffer(big, np.uint8).view(np.float32).reshape(-1, 4)
+    assert _is_pinned(host)
     assert not _is_pinned(np.frombuffer(small, np.uint8))
+    host[...] = 1.5
+    stream = backend.create_stream()
+    dst = backend.view(backend.alloc(host.nbytes, stream), 0, host.shape, host.dtype)
+    backend.from_host(dst, host, stream)
+    assert backend._staged[-1][1] is host  # no staging copy: the received memory is DMA'd
+    np.testing.assert_array_equal(backend.to_host(dst, stream), host)
+
+
+def _busy(stream: object, n: int = 4096, times: int = 20) -> object:
+    """Queue ~tens of ms of matmuls on ``stream``; returns their input."""
+    import cupy as cp
+
+    with stream:  # type: ignore[attr-defined]
+        a = cp.ones((n, n), cp.float32)
+        for _ in range(times):
+            a = a @ a / n
+    return a
+
+
+def test_a_free_holds_the_memory_until_the_streams_work_has_run() -> None:
+    from gpuremote.backends.cupy_backend import CupyBackend
+
+    backend = CupyBackend()
+    s0, s1 = backend.create_stream(), backend.create_stream()
+    buf = backend.alloc(64 << 20, s0)
+    ptr = buf.data.ptr
+    _busy(s1)  # stream 1 is busy for a while: the free must wait for it
+    backend.free([buf], [s0, s1])
+    del buf
+    assert backend._freed and backend._freed[-1][1][0].data.ptr == ptr  # still held
+    s1.synchronize()
+    backend.alloc(16, s0)  # gives back what has completed
+    assert not backend._freed
+
+
+def test_a_destroyed_stream_has_run_its_work() -> None:
+    from gpuremote.backends.cupy_backend import CupyBackend
+
+    backend = CupyBackend()
+    s = backend.create_stream()
+    _busy(s)
+    backend.destroy_stream(s)
+    assert s.done

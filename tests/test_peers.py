@@ -22,14 +22,15 @@ from gpuremote.proxy import Proxy
 class _Proxies:
     """Proxies served on an event loop of a thread of their own (as separate machines are)."""
 
-    def __init__(self) -> None:
+    def __init__(self, backend: str = "numpy") -> None:
+        self.backend = backend
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.proxies: list[Proxy] = []
 
     def start(self, secret: bytes | None = None, **options: Any) -> tuple[Proxy, str]:
-        proxy = Proxy("numpy", secret=secret, **options)
+        proxy = Proxy(self.backend, secret=secret, **options)
         fut = asyncio.run_coroutine_threadsafe(proxy.start("tcp://127.0.0.1:0"), self.loop)
         self.proxies.append(proxy)
         return proxy, fut.result(10)
@@ -52,8 +53,8 @@ class _Proxies:
 
 
 @pytest.fixture
-def proxies() -> Iterator[_Proxies]:
-    p = _Proxies()
+def proxies(each_backend: str) -> Iterator[_Proxies]:
+    p = _Proxies(each_backend)
     yield p
     p.close()
 

@@ -4,7 +4,6 @@ tcp://; errors the standard prescribes are raised by both."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import warnings
 from collections.abc import Callable, Iterator
@@ -38,18 +37,11 @@ EXAMPLES = settings(
 )
 
 
-_NO_UCX = importlib.util.find_spec("ucxx") is None
-SCHEMES = [
-    "inproc",
-    "tcp",
-    pytest.param("ucx", marks=pytest.mark.skipif(_NO_UCX, reason="ucx:// needs the [ucx] extra")),
-]
-
-
-@pytest.fixture(scope="module", params=SCHEMES)
-def dev(request: pytest.FixtureRequest) -> Iterator[Device]:
-    url = None if request.param == "inproc" else f"{request.param}://127.0.0.1:0"
-    with Device(url, serve="numpy") as device:
+@pytest.fixture(scope="module")
+def dev(module_backend_scheme: tuple[str, str]) -> Iterator[Device]:
+    scheme, backend = module_backend_scheme
+    url = None if scheme == "inproc" else f"{scheme}://127.0.0.1:0"
+    with Device(url, serve=backend) as device:
         xp.set_default_device(device)
         yield device
     xp.set_default_device(None)

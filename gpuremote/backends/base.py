@@ -9,7 +9,21 @@ from typing import Any, TypedDict
 
 import numpy as np
 
-__all__ = ["Backend", "BackendError", "DeviceInfo"]
+__all__ = ["Backend", "BackendError", "DeviceInfo", "buffer_owner"]
+
+
+def buffer_owner(obj: Any) -> Any:
+    """The object that owns the memory behind ``obj``: follows ``ndarray.base`` and
+    ``memoryview.obj`` links, however they alternate (NumPy 2's ``frombuffer`` keeps a
+    ``memoryview`` as the base, so a received buffer is several such links from its owner)."""
+    for _ in range(64):  # a chain is short; a cycle is not possible, but stay bounded
+        if isinstance(obj, np.ndarray) and obj.base is not None:
+            obj = obj.base
+        elif isinstance(obj, memoryview) and obj.obj is not None:
+            obj = obj.obj
+        else:
+            break
+    return obj
 
 
 class BackendError(Exception):
@@ -37,6 +51,9 @@ class Backend(abc.ABC):
     #: launches only queue work on the device (a GPU): calls that wait for it are what take
     #: time; without it, every call computes at once on the calling thread (NumPy)
     queues_work: bool = False
+    #: the backend checks stream semantics (``sim:check``) and wants ``note_call`` before
+    #: each call, to name the calls in its reports
+    checks: bool = False
 
     @abc.abstractmethod
     def device_info(self) -> DeviceInfo: ...
@@ -46,8 +63,19 @@ class Backend(abc.ABC):
         return contextlib.nullcontext()
 
     @abc.abstractmethod
-    def alloc(self, nbytes: int) -> Any:
-        """A new device buffer of ``nbytes``; raises ``BackendError`` when out of memory."""
+    def alloc(self, nbytes: int, stream: Any = None) -> Any:
+        """A new device buffer of ``nbytes``, allocated in order on ``stream`` (None: no
+        stream), usable at once by work on any stream; raises ``BackendError`` when out of
+        memory."""
+
+    def free(self, bufs: Sequence[Any], streams: Sequence[Any]) -> None:  # noqa: B027
+        """Give ``bufs`` back, in stream order: their memory is not reused before the work
+        queued so far on every one of ``streams`` (the session's) has run. Returns at once.
+        Dropping a buffer without this gives its memory back at once on a GPU, while queued
+        work may still use it. (NumPy: the buffers are garbage when the last use lets go.)"""
+
+    def note_call(self, seq: int, call: str, op: str | None, session: int, stream: int) -> None:  # noqa: B027
+        """The call about to run, where ``checks`` is set: named in the backend's reports."""
 
     def view(self, buf: Any, offset: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
         """The C-contiguous array ``shape``/``dtype`` at ``offset`` bytes into ``buf``."""

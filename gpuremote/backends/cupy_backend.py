@@ -1,9 +1,17 @@
 """The GPU backend: CuPy device memory, CuPy streams and events, CuPy user kernels.
 
+Memory is allocated and freed in stream order. A session's buffers are allocated on its
+default stream (CuPy's pool keeps an arena per stream, reused in that stream's order); a free
+records an event on every stream of the session and keeps the buffers until those events have
+completed, so their memory goes back to the pool (where another stream or session may get it)
+only after the work queued before the free has run. A destroyed stream is synchronized first,
+and the free blocks of its arena are given back to the device.
+
 Host-device copies go through pinned host memory (CuPy's pinned memory pool), so that they
 are asynchronous on the session's stream: an upload is copied into a pinned staging buffer
-and handed to the GPU's copy engine, the buffer held until the stream has passed the copy;
-a download lands in pinned memory, which is then the reply's buffer.
+and handed to the GPU's copy engine, the buffer held until the stream has passed the copy
+(an upload the transport received straight into pinned memory is not copied again); a
+download lands in pinned memory, which is then the reply's buffer.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import cupy as cp
 import numpy as np
 
 from ..framing import byte_view
-from .base import Backend, BackendError, DeviceInfo
+from .base import Backend, BackendError, DeviceInfo, buffer_owner
 
 __all__ = ["CupyBackend"]
 
@@ -33,14 +41,10 @@ def pinned_empty(nbytes: int) -> np.ndarray[Any, Any]:
 
 
 def _is_pinned(host: np.ndarray[Any, Any]) -> bool:
-    base: Any = host
-    while isinstance(base, np.ndarray):
-        base = base.base
-    if isinstance(base, memoryview):
-        base = base.obj
-        while isinstance(base, np.ndarray):
-            base = base.base
-    return isinstance(base, cp.cuda.PinnedMemoryPointer)
+    """Whether ``host`` lies in memory from CuPy's pinned pool (as the transport receives
+    uploads of ``PINNED_MIN`` to ``PINNED_MAX`` bytes): the owner at the end of its chain of
+    ``ndarray.base`` / ``memoryview.obj`` links is a ``PinnedMemoryPointer``."""
+    return isinstance(buffer_owner(host), cp.cuda.PinnedMemoryPointer)
 
 
 class CupyBackend(Backend):
@@ -56,6 +60,10 @@ class CupyBackend(Backend):
         self._lock = threading.Lock()
         #: staging buffers of uploads in flight, each with the event after its copy
         self._staged: deque[tuple[Any, np.ndarray[Any, Any]]] = deque()
+        #: freed buffers held until the events after the work queued before their free
+        #: (one per stream of the session) have completed, oldest first
+        self._freed: deque[tuple[list[Any], list[Any]]] = deque()
+        self._pool = cp.get_default_memory_pool()
 
     def device_info(self) -> DeviceInfo:
         props = cp.cuda.runtime.getDeviceProperties(self._device.id)
@@ -68,11 +76,45 @@ class CupyBackend(Backend):
             note="",
         )
 
-    def alloc(self, nbytes: int) -> Any:
+    def alloc(self, nbytes: int, stream: Any = None) -> Any:
+        """A buffer from the pool's arena of ``stream`` (the session's default stream), so
+        that CuPy reuses its memory in that stream's order; buffers whose free has completed
+        are given back first."""
+        self._reap()
         try:
-            return cp.empty(nbytes, dtype=cp.uint8)
+            if stream is None:
+                return cp.empty(nbytes, dtype=cp.uint8)
+            with stream:
+                return cp.empty(nbytes, dtype=cp.uint8)
         except cp.cuda.memory.OutOfMemoryError:
             raise BackendError(f"out of device memory allocating {nbytes} bytes") from None
+
+    def free(self, bufs: Sequence[Any], streams: Sequence[Any]) -> None:
+        """Hold ``bufs`` until an event recorded now on each of ``streams`` has completed,
+        then drop them (CuPy's pool takes their memory back): without it, the pool would
+        hand the memory to another allocation while queued kernels still use it. Returns
+        at once; what has completed is given back at every free and allocation."""
+        if not bufs:
+            return
+        events = []
+        for s in streams:
+            event = cp.cuda.Event(disable_timing=True)
+            event.record(s)
+            events.append(event)
+        with self._lock:
+            self._freed.append((events, list(bufs)))
+        self._reap()
+
+    def _reap(self) -> None:
+        """Drop the freed buffers whose events have completed (in the order of their frees)."""
+        freed = self._freed
+        if not freed:
+            return
+        done: list[list[Any]] = []
+        with self._lock:
+            while freed and all(e.done for e in freed[0][0]):
+                done.append(freed.popleft()[1])
+        done.clear()  # outside the lock: the pool takes the memory back here
 
     def host_allocator(self) -> Callable[[int], memoryview] | None:
         def allocate(nbytes: int) -> memoryview:
@@ -144,11 +186,19 @@ class CupyBackend(Backend):
     def run_dynamic(
         self, op: Any, ins: Sequence[Any], params: dict[str, Any], stream: Any, budget: int
     ) -> list[Any]:
-        with stream:
-            return list(op.dynamic(cp, ins, params, budget))
+        with stream:  # contiguous here, so that as_buffer makes no copy off the stream
+            return [cp.ascontiguousarray(r) for r in op.dynamic(cp, ins, params, budget)]
 
     def create_stream(self) -> Any:
         return cp.cuda.Stream(non_blocking=True)
+
+    def destroy_stream(self, stream: Any) -> None:
+        """Wait for the stream's work, give back what its completed frees held and the free
+        blocks of its pool arena; CuPy destroys the stream (``cudaStreamDestroy``) when the
+        caller drops its last reference, which the executor does on return."""
+        stream.synchronize()
+        self._reap()
+        self._pool.free_all_blocks(stream=stream)
 
     def synchronize(self, stream: Any) -> None:
         stream.synchronize()

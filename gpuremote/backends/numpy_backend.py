@@ -46,7 +46,7 @@ class NumpyBackend(Backend):
             note=note,
         )
 
-    def alloc(self, nbytes: int) -> Any:
+    def alloc(self, nbytes: int, stream: Any = None) -> Any:
         try:
             return np.empty(nbytes, dtype=np.uint8)
         except MemoryError:

@@ -5,7 +5,8 @@ thread of its own (the stream's "device"), optionally taking ``op_us`` more per 
 duration). ``synchronize`` and ``to_host`` wait for the stream's earlier work, events complete
 when the work before them has, and ``wait_event`` makes a stream wait for another's event: the
 timing behaviour of a CUDA device, so that whatever would block the proxy on a GPU blocks it
-here too. ``--backend sim`` or ``sim:op_us=50``.
+here too. ``--backend sim`` or ``sim:op_us=50``; ``sim:check`` adds the checker of
+``simcheck`` (options combine: ``sim:check,op_us=50``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,7 +23,7 @@ import numpy as np
 from .base import BackendError, DeviceInfo
 from .numpy_backend import NumpyBackend
 
-__all__ = ["SimBackend", "parse_sim"]
+__all__ = ["SimBackend", "SimOptions", "parse_sim"]
 
 _STOP = object()
 
@@ -170,16 +172,46 @@ class SimBackend(NumpyBackend):
         return bool(event.done.is_set())
 
 
+@dataclass(frozen=True)
+class SimOptions:
+    """The options of a ``sim`` backend spec: ``sim``, ``sim:op_us=50``, ``sim:check``,
+    ``sim:check,op_us=50`` (in any order)."""
+
+    #: each op takes this many microseconds more on its stream (a kernel's duration)
+    op_us: float = 0.0
+    #: the checker (``gpuremote.backends.simcheck``): pool with poisoning, race detector
+    check: bool = False
+
+    @classmethod
+    def parse(cls, spec: str) -> SimOptions:
+        """The options of ``spec`` (``sim`` or ``sim:OPTION,...``); raises ``BackendError``."""
+        name, _, rest = spec.partition(":")
+        if name != "sim":
+            raise BackendError(f"not a sim backend spec: {spec!r}")
+        values: dict[str, Any] = {}
+        for item in filter(None, (i.strip() for i in rest.split(","))):
+            key, eq, value = item.partition("=")
+            if key in values:
+                raise BackendError(f"sim: {key} is given twice in {spec!r}")
+            if key == "check" and not eq:
+                values["check"] = True
+            elif key == "op_us" and eq:
+                try:
+                    values["op_us"] = float(value)
+                except ValueError:
+                    raise BackendError(f"sim: op_us={value!r} is not a number") from None
+            else:
+                raise BackendError(
+                    f"sim takes check and op_us=<microseconds> (sim:check,op_us=50), not {item!r}"
+                )
+        return cls(**values)
+
+
 def parse_sim(spec: str) -> SimBackend:
-    """``sim`` or ``sim:op_us=50``."""
-    _, _, rest = spec.partition(":")
-    op_us = 0.0
-    for item in filter(None, rest.split(",")):
-        key, _, value = item.partition("=")
-        if key != "op_us":
-            raise BackendError(f"sim takes op_us=<microseconds>, not {item!r}")
-        try:
-            op_us = float(value)
-        except ValueError:
-            raise BackendError(f"sim: op_us={value!r} is not a number") from None
-    return SimBackend(op_us)
+    """The backend of ``spec``: ``sim``, ``sim:op_us=50``, ``sim:check,op_us=50``."""
+    options = SimOptions.parse(spec)
+    if options.check:
+        from .simcheck import SimCheckBackend
+
+        return SimCheckBackend(options.op_us)
+    return SimBackend(options.op_us)
