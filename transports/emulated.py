@@ -123,6 +123,8 @@ class _Pump:
         self._queues: list[deque[tuple[float, Callable[[], None]]]] = [deque(), deque()]
         self._handle: asyncio.Handle | None = None
         self.late_s = 0.0  # worst lateness seen (the emulator's own error)
+        self.late_total_s = 0.0  # lateness of every frame released, added up
+        self.released = 0
 
     def at(self, queue: int, deadline: float, action: Callable[[], None]) -> None:
         self._queues[queue].append((deadline, action))
@@ -140,6 +142,8 @@ class _Pump:
                 while q and q[0][0] <= now:
                     deadline, action = q.popleft()
                     self.late_s = max(self.late_s, now - deadline)
+                    self.late_total_s += now - deadline
+                    self.released += 1
                     action()
             heads = [q[0][0] for q in self._queues if q]
             if not heads:
@@ -259,6 +263,12 @@ class EmulatedConnection(Connection):
     def timer_error_s(self) -> float:
         """The latest any frame was released after its deadline (emulator accuracy)."""
         return self._scheduler.late_s
+
+    @property
+    def late_total_s(self) -> float:
+        """How late the frames were released after their deadlines, added up: at most this
+        much of a run's time is the emulator's own (or the other side's, in one event loop)."""
+        return self._scheduler.late_total_s
 
 
 class EmulatedTransport(Transport):
