@@ -7,10 +7,24 @@ is given the link's round trip as measured by ping in the same run (the emulated
 the real path underneath) and the client's per-call cost measured once. The result names, per
 workload, the largest RTT and the smallest bandwidth at which the slowdown stays within the
 tolerance.
+
+``--transport emu+inproc`` (with ``--backend sim:a100``) asks the paper's question at the paper's
+scale on any machine: the proxy runs in this process and event loop, over ``inproc://`` with
+no copies, behind an emulated link of µs precision, on a simulated A100 whose device time is a
+virtual clock (``sim:a100,compute=0``: nothing computed, nothing slept). Everything happens on
+one thread, so no wake-up (~90 µs here) and no GIL hand-off (5 ms) enters a figure; the client
+and the proxy still each cost what they cost (the client waits while the proxy works, as it
+does across two machines: gpuremote's pipeline sends when the client next waits). The costs
+the model is given (client per call, proxy per call, the rest of a round trip) are measured
+per workload and mode on the bare link (no RTT, no bandwidth limit), which is not a grid
+point: every grid point is a prediction. The modes are a table (``MODES``): ``replay``
+(captured steps, issue 32) slots in there as one more entry.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -21,17 +35,68 @@ import numpy as np
 import gpuremote
 from gpuremote.local import connect_local
 from gpuremote.model import Costs, predict
+from gpuremote.model import local_seconds as local_seconds_of
 from gpuremote.workloads import WORKLOADS
 
 from .target import TargetOptions, open_target
 
-__all__ = ["SIZES", "RequirementsConfig", "ping_rtt", "run_requirements"]
+__all__ = [
+    "EMU_SIZES",
+    "MODES",
+    "PAPER_BWS_GBIT",
+    "PAPER_RTTS_US",
+    "SIZES",
+    "Mode",
+    "RequirementsConfig",
+    "ping_rtt",
+    "run_requirements",
+]
+
+#: the paper's grid (shared/notes/paper.md): RTTs in µs and bandwidths in Gbit/s
+PAPER_RTTS_US: list[float] = [1, 2, 5, 10, 20, 40, 100]
+PAPER_BWS_GBIT: list[float] = [10, 25, 100, 200]
+
+
+@dataclass(frozen=True)
+class Mode:
+    """How the client remotes a workload in one column of the sweep."""
+
+    name: str
+    connect: dict[str, Any]  # keyword arguments of gpuremote.connect
+    optimized: bool  # the model's switch
+    unavailable: str | None = None  # why this mode cannot run yet (None: it can)
+
+
+#: the sweep's modes; ``replay`` runs a workload's step as a captured recording, once the
+#: client can capture steps (issue 32): its entry then gets the connect/run switch and loses
+#: ``unavailable``
+MODES: dict[str, Mode] = {
+    "unoptimized": Mode(
+        "unoptimized", {"async_calls": False, "batching": False, "shadow": False}, False
+    ),
+    "optimized": Mode("optimized", {"async_calls": True, "batching": True, "shadow": True}, True),
+    "replay": Mode(
+        "replay", {}, True, unavailable="needs captured steps (issue 32), not built yet"
+    ),
+}
 
 #: workload sizes for the sweep (smaller than the workloads' own defaults, to keep it minutes)
 SIZES: dict[str, dict[str, Any]] = {
     "mlp": {"steps": 60, "batch": 128, "din": 64, "hidden": 256, "dout": 16},
     "transformer": {"steps": 30, "seq": 32, "d_model": 128, "heads": 4},
     "upload": {"steps": 20, "batch_mb": 4.0, "features": 256},
+}
+#: sizes on the simulated GPU over emu+inproc (device time is a clock: the sizes set the calls'
+#: device time and bytes; steps keep a run at tens of ms)
+EMU_SIZES: dict[str, dict[str, Any]] = {
+    "mlp": {"steps": 30, "batch": 256, "din": 256, "hidden": 1024, "dout": 64},
+    "transformer": {"steps": 15, "seq": 128, "d_model": 512, "heads": 8},
+    "upload": {"steps": 10, "batch_mb": 4.0, "features": 256},
+}
+EMU_QUICK_SIZES: dict[str, dict[str, Any]] = {
+    "mlp": {"steps": 8, "batch": 256, "din": 256, "hidden": 1024, "dout": 64},
+    "transformer": {"steps": 4, "seq": 128, "d_model": 512, "heads": 8},
+    "upload": {"steps": 4, "batch_mb": 1.0, "features": 256},
 }
 QUICK_SIZES: dict[str, dict[str, Any]] = {
     "mlp": {"steps": 8, "batch": 64, "din": 32, "hidden": 128, "dout": 8},
@@ -49,6 +114,7 @@ class RequirementsConfig(TargetOptions):
     tolerance: float = 0.05
     quick: bool = False
     repeats: int = 3
+    modes: list[str] = field(default_factory=lambda: ["unoptimized", "optimized"])
 
 
 async def _timed(fn: Callable[..., Any], gpu: gpuremote.GPU, sizes: dict[str, Any]) -> float:
@@ -158,6 +224,16 @@ def _requirement(points: list[dict[str, Any]], optimized: bool, tol: float) -> d
 async def run_requirements(
     cfg: RequirementsConfig, report: Callable[[dict[str, Any]], None] = lambda s: None
 ) -> dict[str, Any]:
+    """The sweep (see the module docstring): over ``emu+inproc`` on the simulated device, or
+    over emulated links on top of a real transport."""
+    if cfg.transport == "emu+inproc" and cfg.url is None:
+        return await _run_emulated(cfg, report)
+    return await _run_real(cfg, report)
+
+
+async def _run_real(
+    cfg: RequirementsConfig, report: Callable[[dict[str, Any]], None] = lambda s: None
+) -> dict[str, Any]:
     sizes = QUICK_SIZES if cfg.quick else SIZES
     out: list[dict[str, Any]] = []
     total = len(cfg.workloads) * len(cfg.rtts_us) * len(cfg.bws_gbit) * 2
@@ -253,6 +329,258 @@ async def run_requirements(
     }
 
 
+def timing_backend(spec: str) -> str:
+    """``sim:a100`` -> ``sim:a100,compute=0``: the sweep times the device, it computes
+    nothing (said so in its result); any other spec is kept as it is."""
+    head, _, rest = spec.partition(":")
+    if head == "sim" and rest and "compute=" not in rest:
+        return f"{spec},compute=0"
+    return spec
+
+
+@dataclass
+class _Runs:
+    """What the runs of one workload over one link measured (seconds, totals over the runs)."""
+
+    walls: list[float]
+    awaited: float  # the client waiting in synchronous calls
+    proxy_busy: float  # the proxy handling frames (its device waits included)
+    device_waited: float  # the simulated device's waits, in the proxy
+    late: float  # frames released after their deadlines (the emulator's own error)
+    runs: int
+
+
+async def _runs(
+    url: str,
+    mode: Mode,
+    fn: Callable[..., Any],
+    sizes: dict[str, Any],
+    repeats: int,
+    proxy: Any,
+    listener_name: str,
+) -> _Runs:
+    from gpuremote.transports.inproc import listener
+
+    async with gpuremote.connect(url, **mode.connect) as gpu:
+        session: Any = gpu._session
+        conn = session.conn
+        lst = listener(listener_name)
+        assert lst is not None and lst.accepted, "no inproc connection to measure"
+        proxy_end = lst.accepted[-1]
+        awaited = [0.0]
+        call = session.call
+
+        async def timed_call(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return await call(*args, **kwargs)
+            finally:
+                awaited[0] += time.perf_counter() - t0
+
+        session.call = timed_call  # on this instance: the time the client spends waiting
+        await fn(gpu, **sizes)  # warm-up, uncounted
+        a0, b0, w0, l0 = awaited[0], proxy_end.busy_s, proxy.backend.timing()[1], conn.late_total_s
+        walls = [await _timed(fn, gpu, sizes) for _ in range(repeats)]
+        return _Runs(
+            walls,
+            awaited[0] - a0,
+            proxy_end.busy_s - b0,
+            proxy.backend.timing()[1] - w0,
+            conn.late_total_s - l0,
+            repeats,
+        )
+
+
+def _remote_calls(trace: list[Any], optimized: bool) -> tuple[int, int, float, float]:
+    """(remote calls, round trips, the calls' local gaps, their host time on the proxy)."""
+    calls = trips = 0
+    gaps = host = 0.0
+    for t in trace:
+        gaps += t.gap_s
+        if t.klass == "local" and (optimized or not t.shadow_bytes):
+            continue
+        calls += 1
+        host += t.device_s
+        trips += 1 if (t.klass == "sync" or not optimized or t.klass == "local") else 0
+    return calls, trips, gaps, host
+
+
+def _fitted(trace: list[Any], mode: Mode, runs: _Runs, per_trip: float) -> tuple[Costs, list[Any]]:
+    """The trace and costs the model is given for ``runs``, from what they measured: the
+    client's own time (outside its synchronous waits: the workload's code and making the
+    calls) spread over the calls as the local run's gaps are; the proxy's busy time beyond
+    the device's waits, per remote call; ``per_trip``: the rest of a round trip (loop hops,
+    replies), from the bare link (``_per_trip``). The link and the device are the model's."""
+    calls, _, gaps, _ = _remote_calls(trace, mode.optimized)
+    n = runs.runs
+    client = (sum(runs.walls) - runs.awaited) / n
+    scale = client / gaps if gaps > 0 else 1.0
+    proxy = (runs.proxy_busy - runs.device_waited) / n / max(1, calls)
+    scaled = [replace(t, gap_s=t.gap_s * scale, device_s=0.0) for t in trace]
+    return Costs(proxy_per_call=max(0.0, proxy), client_per_trip=per_trip), scaled
+
+
+def _per_trip(trace: list[Any], mode: Mode, bare: _Runs) -> float:
+    """What a round trip costs beyond the client's and proxy's measured time: what remains
+    of the bare link's time (no RTT, no bandwidth limit) per round trip."""
+    costs, scaled = _fitted(trace, mode, bare, 0.0)
+    _, trips, _, _ = _remote_calls(trace, mode.optimized)
+    predicted = predict(scaled, 0.0, None, optimized=mode.optimized, costs=costs, batched=True)
+    return (float(np.mean(bare.walls)) - predicted.seconds) / max(1, trips)
+
+
+def _emu_url(base: str, rtt_us: float | None, bw_gbit: float | None) -> str:
+    opts = ["copy=0"]
+    if rtt_us is not None:
+        opts.append(f"rtt={rtt_us:g}us")
+    if bw_gbit is not None:
+        opts.append(f"bw={bw_gbit:g}gbit")
+    return f"emu+{base}?{'&'.join(opts)}"
+
+
+def _min_requirement(points: list[dict[str, Any]], mode: str, tol: float) -> dict[str, Any]:
+    """The largest RTT that is within ``tol`` at the grid's best bandwidth, and the smallest
+    bandwidth that is within it at the grid's best RTT (None: not within at any)."""
+    pts = [p for p in points if p["mode"] == mode]
+    if not pts:
+        return {"rtt_us": None, "bw_gbit": None}
+    best_bw = max(p["bw_gbit"] for p in pts)
+    best_rtt = min(p["rtt_us"] for p in pts)
+    ok = [p for p in pts if p["slowdown"] <= tol]
+    return {
+        "rtt_us": max((p["rtt_us"] for p in ok if p["bw_gbit"] == best_bw), default=None),
+        "bw_gbit": min((p["bw_gbit"] for p in ok if p["rtt_us"] == best_rtt), default=None),
+    }
+
+
+async def _run_emulated(
+    cfg: RequirementsConfig, report: Callable[[dict[str, Any]], None]
+) -> dict[str, Any]:
+    from gpuremote.backends import get_backend
+    from gpuremote.proxy import Proxy
+
+    backend = timing_backend(cfg.backend)
+    sizes = EMU_QUICK_SIZES if cfg.quick else EMU_SIZES
+    modes = [MODES[m] for m in cfg.modes]
+    skipped = {m.name: m.unavailable for m in modes if m.unavailable}
+    modes = [m for m in modes if not m.unavailable]
+    name = f"requirements-{os.getpid()}-{time.monotonic_ns()}"
+    proxy = Proxy(backend, inline_us=math.inf)  # one thread: every batch inline
+    base = await proxy.start(f"inproc://{name}")
+    out: list[dict[str, Any]] = []
+    total = len(cfg.workloads) * len(modes) * (len(cfg.rtts_us) * len(cfg.bws_gbit) + 1)
+    done = 0
+    t_start = time.perf_counter()
+    try:
+        for wname in cfg.workloads:
+            fn, wsizes = WORKLOADS[wname], sizes[wname]
+            local_times, trace = [], []
+            for i in range(cfg.repeats + 1):  # the first run warms caches up, uncounted
+                gpu = connect_local(get_backend(backend))
+                t = await _timed(fn, gpu, wsizes)
+                if i:
+                    local_times.append(t)
+                trace = list(gpu._session.trace)  # type: ignore[attr-defined]
+                await gpu.aclose()
+            local_s = float(np.median(local_times))
+            points: list[dict[str, Any]] = []
+            costs_by_mode: dict[str, dict[str, float]] = {}
+            for mode in modes:
+                bare = await _runs(
+                    _emu_url(base, None, None), mode, fn, wsizes, cfg.repeats, proxy, name
+                )
+                per_trip = _per_trip(trace, mode, bare)
+                bare_costs, scaled = _fitted(trace, mode, bare, per_trip)
+                ncalls = max(1, _remote_calls(trace, mode.optimized)[0])
+                costs_by_mode[mode.name] = {
+                    "client_per_call_us": sum(t.gap_s for t in scaled) / ncalls * 1e6,
+                    "proxy_per_call_us": bare_costs.proxy_per_call * 1e6,
+                    "per_trip_us": per_trip * 1e6,
+                    "bare_link_s": float(np.mean(bare.walls)),
+                }
+                done += 1
+                for rtt in cfg.rtts_us:
+                    for bw in cfg.bws_gbit:
+                        r = await _runs(
+                            _emu_url(base, rtt, bw), mode, fn, wsizes, cfg.repeats, proxy, name
+                        )
+                        measured = float(np.mean(r.walls))
+                        costs, scaled = _fitted(trace, mode, r, per_trip)
+                        predicted = predict(
+                            scaled,
+                            rtt * 1e-6,
+                            bw * 1e9,
+                            optimized=mode.optimized,
+                            costs=costs,
+                            batched=True,
+                        ).seconds
+                        emu_error = r.late / r.runs / measured
+                        err = predicted / measured - 1
+                        points.append(
+                            {
+                                "rtt_us": rtt,
+                                "bw_gbit": bw,
+                                "mode": mode.name,
+                                "optimized": mode.optimized,
+                                "measured_s": measured,
+                                "predicted_s": predicted,
+                                "model_error": err,
+                                "emulator_error": emu_error,
+                                "within": abs(err) <= max(cfg.tolerance, emu_error),
+                                "slowdown": measured / local_s - 1,
+                                "predicted_slowdown": predicted / local_s - 1,
+                                "client_per_call_us": sum(t.gap_s for t in scaled) / ncalls * 1e6,
+                                "proxy_per_call_us": costs.proxy_per_call * 1e6,
+                            }
+                        )
+                        done += 1
+                        report(
+                            {"workload": wname, "done": done, "total": total, "last": points[-1]}
+                        )
+            steps = int(wsizes["steps"])
+            _, trips, _, _ = _remote_calls(trace, True)
+            out.append(
+                {
+                    "name": wname,
+                    "sizes": wsizes,
+                    "local_s": local_s,
+                    "local_model_s": local_seconds_of(trace),
+                    "device_s": sum(t.kernel_s for t in trace),
+                    "calls": len(trace),
+                    "costs": costs_by_mode,
+                    "points": points,
+                    "min_requirement": {
+                        m.name: _min_requirement(points, m.name, cfg.tolerance) for m in modes
+                    },
+                    "sync_round_trips_per_step": {
+                        "optimized": trips / steps,
+                        "unoptimized": _remote_calls(trace, False)[1] / steps,
+                    },
+                }
+            )
+    finally:
+        await proxy.close()
+    errors = [abs(p["model_error"]) for w in out for p in w["points"]]
+    return {
+        "bench": "requirements",
+        "device": backend,
+        "device_info": dict(proxy.backend.device_info()),
+        "transport": "emu+inproc",
+        "url": base,
+        "tolerance": cfg.tolerance,
+        "modes": [m.name for m in modes],
+        "modes_skipped": skipped,
+        "max_model_error": max(errors, default=None),
+        "all_within": all(p["within"] for w in out for p in w["points"]),
+        "seconds": time.perf_counter() - t_start,
+        "workloads": out,
+    }
+
+
+def _mode(point: dict[str, Any]) -> str:
+    return str(point.get("mode", "optimized" if point["optimized"] else "unoptimized"))
+
+
 def plot(result: dict[str, Any], path: str) -> bool:
     """Slowdown against RTT, one line per bandwidth, measured points and model lines (PNG)."""
     try:
@@ -264,21 +592,24 @@ def plot(result: dict[str, Any], path: str) -> bool:
         return False
     workloads = result["workloads"]
     fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 4), squeeze=False)
+    styles = {"optimized": "-", "unoptimized": ":", "replay": "--"}
     for ax, w in zip(axes[0], workloads, strict=True):
-        for optimized, style in ((True, "-"), (False, ":")):
+        for mode, style in styles.items():
             bws = sorted({p["bw_gbit"] for p in w["points"]})
             for bw in bws:
                 pts = sorted(
-                    (p for p in w["points"] if p["bw_gbit"] == bw and p["optimized"] == optimized),
+                    (p for p in w["points"] if p["bw_gbit"] == bw and _mode(p) == mode),
                     key=lambda p: p["rtt_us"],
                 )
+                if not pts:
+                    continue
                 x = [p["rtt_us"] for p in pts]
-                label = f"{bw:g} Gbit/s{'' if optimized else ', unoptimized'}"
+                label = f"{bw:g} Gbit/s, {mode}"
                 line = ax.plot(
                     x, [100 * p["predicted_slowdown"] for p in pts], style, label=f"model, {label}"
                 )[0]
                 ax.plot(x, [100 * p["slowdown"] for p in pts], "o", color=line.get_color())
-        ax.axhline(100 * result["tolerance"], color="grey", lw=0.8)
+        ax.axhline(100 * result["tolerance"], color="grey", lw=0.8, label="tolerance")
         ax.set_xscale("log")
         ax.set_yscale("symlog")
         ax.set_xlabel("emulated RTT (µs)")

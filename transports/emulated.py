@@ -55,6 +55,8 @@ _UNITS_BPS = {
     "mb": 8e6,
     "gb": 8e9,
 }
+#: options of the wrapped transports that an emu+ URL passes on to them
+_INNER_OPTIONS = frozenset({"copy", "cert", "key", "ca", "shm", "device"})
 _SPIN_BELOW = 0.002  # closer deadlines: poll the clock on every turn of the event loop
 _BUSY_BELOW = 50e-6  # closer still: busy-wait without yielding
 
@@ -284,7 +286,7 @@ class EmulatedTransport(Transport):
     @staticmethod
     def links(address: Address) -> tuple[LinkModel, LinkModel]:
         opts = address.options
-        unknown = set(opts) - {"rtt", "bw", "jitter", "mode", "seed"}
+        unknown = set(opts) - {"rtt", "bw", "jitter", "mode", "seed"} - _INNER_OPTIONS
         if unknown:
             raise ConfigError(f"unknown emulator option(s): {', '.join(sorted(unknown))}")
         rtt = parse_duration(opts.get("rtt", "0"))
