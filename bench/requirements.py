@@ -338,16 +338,25 @@ def timing_backend(spec: str) -> str:
     return spec
 
 
-@dataclass
-class _Runs:
-    """What the runs of one workload over one link measured (seconds, totals over the runs)."""
+@dataclass(frozen=True)
+class _Run:
+    """What one run of a workload's steps over one link measured (seconds)."""
 
-    walls: list[float]
+    wall: float
     awaited: float  # the client waiting in synchronous calls
     proxy_busy: float  # the proxy handling frames (its device waits included)
     device_waited: float  # the simulated device's waits, in the proxy
-    late: float  # frames released after their deadlines (the emulator's own error)
-    runs: int
+    late: float  # frames released after they could have been (the emulator's own error)
+    stolen: float  # this thread ready to run but not running (other processes had the CPUs)
+
+
+def _run_queue_s() -> float:
+    """Seconds this thread has waited for a CPU (Linux's schedstat; 0 where unknown)."""
+    try:
+        with open("/proc/thread-self/schedstat") as fh:
+            return int(fh.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 async def _runs(
@@ -358,7 +367,10 @@ async def _runs(
     repeats: int,
     proxy: Any,
     listener_name: str,
-) -> _Runs:
+) -> list[_Run]:
+    """Run workload ``fn`` ``repeats`` times over ``url`` (after a warm-up run), timing its
+    steps (from its ``ready`` call to its end) and what the client, the proxy, the device
+    and the emulator did meanwhile."""
     from gpuremote.transports.inproc import listener
 
     async with gpuremote.connect(url, **mode.connect) as gpu:
@@ -378,17 +390,41 @@ async def _runs(
                 awaited[0] += time.perf_counter() - t0
 
         session.call = timed_call  # on this instance: the time the client spends waiting
+
+        def snapshot() -> tuple[float, ...]:
+            return (
+                time.perf_counter(),
+                awaited[0],
+                proxy_end.busy_s,
+                proxy.backend.timing()[1],
+                conn.late_own_s,
+                _run_queue_s(),
+            )
+
         await fn(gpu, **sizes)  # warm-up, uncounted
-        a0, b0, w0, l0 = awaited[0], proxy_end.busy_s, proxy.backend.timing()[1], conn.late_total_s
-        walls = [await _timed(fn, gpu, sizes) for _ in range(repeats)]
-        return _Runs(
-            walls,
-            awaited[0] - a0,
-            proxy_end.busy_s - b0,
-            proxy.backend.timing()[1] - w0,
-            conn.late_total_s - l0,
-            repeats,
-        )
+        runs = []
+        marks: list[tuple[float, ...]] = []
+        for _ in range(repeats):
+            await fn(gpu, **sizes, ready=lambda: marks.append(snapshot()))
+            end, start = snapshot(), marks[-1]
+            runs.append(_Run(*(e - s for e, s in zip(end, start, strict=True))))
+        return runs
+
+
+async def _local(
+    fn: Callable[..., Any], sizes: dict[str, Any], backend: str
+) -> tuple[float, list[Any]]:
+    """One local run of ``fn``'s steps: (seconds, its trace from the steps' start)."""
+    from gpuremote.backends import get_backend
+
+    gpu = connect_local(get_backend(backend))
+    trace: list[Any] = gpu._session.trace  # type: ignore[attr-defined]
+    mark: list[tuple[float, int]] = []
+    await fn(gpu, **sizes, ready=lambda: mark.append((time.perf_counter(), len(trace))))
+    seconds = time.perf_counter() - mark[0][0]
+    steps = list(trace[mark[0][1] :])
+    await gpu.aclose()
+    return seconds, steps
 
 
 def _remote_calls(trace: list[Any], optimized: bool) -> tuple[int, int, float, float]:
@@ -405,28 +441,39 @@ def _remote_calls(trace: list[Any], optimized: bool) -> tuple[int, int, float, f
     return calls, trips, gaps, host
 
 
-def _fitted(trace: list[Any], mode: Mode, runs: _Runs, per_trip: float) -> tuple[Costs, list[Any]]:
-    """The trace and costs the model is given for ``runs``, from what they measured: the
+def _fitted(trace: list[Any], mode: Mode, run: _Run, per_trip: float) -> tuple[Costs, list[Any]]:
+    """The trace and costs the model is given for ``run``, from what it measured: the
     client's own time (outside its synchronous waits: the workload's code and making the
     calls) spread over the calls as the local run's gaps are; the proxy's busy time beyond
     the device's waits, per remote call; ``per_trip``: the rest of a round trip (loop hops,
     replies), from the bare link (``_per_trip``). The link and the device are the model's."""
     calls, _, gaps, _ = _remote_calls(trace, mode.optimized)
-    n = runs.runs
-    client = (sum(runs.walls) - runs.awaited) / n
+    client = run.wall - run.awaited
     scale = client / gaps if gaps > 0 else 1.0
-    proxy = (runs.proxy_busy - runs.device_waited) / n / max(1, calls)
+    proxy = (run.proxy_busy - run.device_waited) / max(1, calls)
     scaled = [replace(t, gap_s=t.gap_s * scale, device_s=0.0) for t in trace]
     return Costs(proxy_per_call=max(0.0, proxy), client_per_trip=per_trip), scaled
 
 
-def _per_trip(trace: list[Any], mode: Mode, bare: _Runs) -> float:
+def _predicted(
+    trace: list[Any], mode: Mode, run: _Run, per_trip: float, rtt_us: float, bw_gbit: float | None
+) -> tuple[float, Costs, list[Any]]:
+    costs, scaled = _fitted(trace, mode, run, per_trip)
+    bw = None if bw_gbit is None else bw_gbit * 1e9
+    p = predict(scaled, rtt_us * 1e-6, bw, optimized=mode.optimized, costs=costs, batched=True)
+    return p.seconds, costs, scaled
+
+
+def _per_trip(trace: list[Any], mode: Mode, bare: list[_Run]) -> float:
     """What a round trip costs beyond the client's and proxy's measured time: what remains
-    of the bare link's time (no RTT, no bandwidth limit) per round trip."""
-    costs, scaled = _fitted(trace, mode, bare, 0.0)
+    of the bare link's time (no RTT, no bandwidth limit) per round trip (the median run's)."""
     _, trips, _, _ = _remote_calls(trace, mode.optimized)
-    predicted = predict(scaled, 0.0, None, optimized=mode.optimized, costs=costs, batched=True)
-    return (float(np.mean(bare.walls)) - predicted.seconds) / max(1, trips)
+    rests = [(r.wall - _predicted(trace, mode, r, 0.0, 0.0, None)[0]) / max(1, trips) for r in bare]
+    return float(np.median(rests))
+
+
+def _median_run(runs: list[_Run]) -> _Run:
+    return sorted(runs, key=lambda r: r.wall)[len(runs) // 2]
 
 
 def _emu_url(base: str, rtt_us: float | None, bw_gbit: float | None) -> str:
@@ -456,7 +503,6 @@ def _min_requirement(points: list[dict[str, Any]], mode: str, tol: float) -> dic
 async def _run_emulated(
     cfg: RequirementsConfig, report: Callable[[dict[str, Any]], None]
 ) -> dict[str, Any]:
-    from gpuremote.backends import get_backend
     from gpuremote.proxy import Proxy
 
     backend = timing_backend(cfg.backend)
@@ -474,15 +520,16 @@ async def _run_emulated(
     try:
         for wname in cfg.workloads:
             fn, wsizes = WORKLOADS[wname], sizes[wname]
-            local_times, trace = [], []
+            local_times, traces = [], []
             for i in range(cfg.repeats + 1):  # the first run warms caches up, uncounted
-                gpu = connect_local(get_backend(backend))
-                t = await _timed(fn, gpu, wsizes)
+                t, tr = await _local(fn, wsizes, backend)
                 if i:
                     local_times.append(t)
-                trace = list(gpu._session.trace)  # type: ignore[attr-defined]
-                await gpu.aclose()
+                    traces.append(tr)
             local_s = float(np.median(local_times))
+            # the trace of the run nearest the median: the model's calls, gaps and device
+            trace = traces[int(np.argmin([abs(t - local_s) for t in local_times]))]
+            local_model_s = local_seconds_of(trace)
             points: list[dict[str, Any]] = []
             costs_by_mode: dict[str, dict[str, float]] = {}
             for mode in modes:
@@ -490,47 +537,47 @@ async def _run_emulated(
                     _emu_url(base, None, None), mode, fn, wsizes, cfg.repeats, proxy, name
                 )
                 per_trip = _per_trip(trace, mode, bare)
-                bare_costs, scaled = _fitted(trace, mode, bare, per_trip)
+                mid = _median_run(bare)
+                _, bare_costs, scaled = _predicted(trace, mode, mid, per_trip, 0.0, None)
                 ncalls = max(1, _remote_calls(trace, mode.optimized)[0])
                 costs_by_mode[mode.name] = {
                     "client_per_call_us": sum(t.gap_s for t in scaled) / ncalls * 1e6,
                     "proxy_per_call_us": bare_costs.proxy_per_call * 1e6,
                     "per_trip_us": per_trip * 1e6,
-                    "bare_link_s": float(np.mean(bare.walls)),
+                    "bare_link_s": mid.wall,
                 }
                 done += 1
                 for rtt in cfg.rtts_us:
                     for bw in cfg.bws_gbit:
-                        r = await _runs(
+                        runs = await _runs(
                             _emu_url(base, rtt, bw), mode, fn, wsizes, cfg.repeats, proxy, name
                         )
-                        measured = float(np.mean(r.walls))
-                        costs, scaled = _fitted(trace, mode, r, per_trip)
-                        predicted = predict(
-                            scaled,
-                            rtt * 1e-6,
-                            bw * 1e9,
-                            optimized=mode.optimized,
-                            costs=costs,
-                            batched=True,
+                        r = _median_run(runs)  # the run of the median time, and its costs
+                        predicted, costs, scaled = _predicted(trace, mode, r, per_trip, rtt, bw)
+                        ideal = predict(
+                            trace, rtt * 1e-6, bw * 1e9, optimized=mode.optimized, batched=True
                         ).seconds
-                        emu_error = r.late / r.runs / measured
-                        err = predicted / measured - 1
+                        err = predicted / r.wall - 1
+                        emu_error = r.late / r.wall
+                        stolen = r.stolen / r.wall
                         points.append(
                             {
                                 "rtt_us": rtt,
                                 "bw_gbit": bw,
                                 "mode": mode.name,
                                 "optimized": mode.optimized,
-                                "measured_s": measured,
+                                "measured_s": r.wall,
                                 "predicted_s": predicted,
                                 "model_error": err,
                                 "emulator_error": emu_error,
-                                "within": abs(err) <= max(cfg.tolerance, emu_error),
-                                "slowdown": measured / local_s - 1,
+                                "cpu_stolen": stolen,
+                                "within": abs(err) <= max(cfg.tolerance, emu_error + stolen),
+                                "slowdown": r.wall / local_s - 1,
                                 "predicted_slowdown": predicted / local_s - 1,
+                                "network_only_slowdown": ideal / local_model_s - 1,
                                 "client_per_call_us": sum(t.gap_s for t in scaled) / ncalls * 1e6,
                                 "proxy_per_call_us": costs.proxy_per_call * 1e6,
+                                "runs_s": [x.wall for x in runs],
                             }
                         )
                         done += 1
@@ -544,13 +591,23 @@ async def _run_emulated(
                     "name": wname,
                     "sizes": wsizes,
                     "local_s": local_s,
-                    "local_model_s": local_seconds_of(trace),
+                    "local_model_s": local_model_s,
                     "device_s": sum(t.kernel_s for t in trace),
                     "calls": len(trace),
                     "costs": costs_by_mode,
                     "points": points,
                     "min_requirement": {
                         m.name: _min_requirement(points, m.name, cfg.tolerance) for m in modes
+                    },
+                    # the model's answer were the client's and proxy's software free: the
+                    # network's share of the requirement (the local run's gaps and host time)
+                    "min_requirement_network_only": {
+                        m.name: _min_requirement(
+                            [{**p, "slowdown": p["network_only_slowdown"]} for p in points],
+                            m.name,
+                            cfg.tolerance,
+                        )
+                        for m in modes
                     },
                     "sync_round_trips_per_step": {
                         "optimized": trips / steps,

@@ -70,6 +70,8 @@ def predict(
     optimized: bool = True,
     costs: Costs = Costs(),
     batched: bool = False,
+    max_batch_calls: int = 1024,
+    max_batch_bytes: int = 4 << 20,
 ) -> Prediction:
     """Predicted time of ``trace`` remoted over (``rtt_s``, ``bw_bps``).
 
@@ -77,7 +79,8 @@ def predict(
     ``device_s``); a call's device time ``kernel_s`` runs on the device's own queue, in
     parallel with the proxy, which waits for it only at a synchronous call. ``batched``:
     asynchronous calls go out together with the next synchronous one, as gpuremote's
-    pipeline sends them when the client next waits (else each goes out when issued)."""
+    pipeline sends them when the client next waits, or at once when they reach
+    ``max_batch_calls`` or ``max_batch_bytes`` (else each goes out when issued)."""
     half = (rtt_s + costs.base_rtt) / 2
 
     def wire(nbytes: int) -> float:
@@ -90,6 +93,7 @@ def predict(
     device = 0.0  # when the device has run everything sent to it
     trips = 0
     held: list[TraceEntry] = []  # batched: calls waiting for the next send
+    held_bytes = 0
 
     def handle(c: TraceEntry, arrival: float) -> None:
         nonlocal proxy, device
@@ -100,7 +104,7 @@ def predict(
     for c in trace:
         client += c.gap_s
         kind = c.klass
-        nout, nin = c.bytes_out, c.bytes_in
+        nin = c.bytes_in
         if kind == "local":
             if optimized or not c.shadow_bytes:
                 continue
@@ -110,10 +114,12 @@ def predict(
         client += costs.client_per_call
         if batched and kind != "sync":
             held.append(c)
-            continue
-        sent = [*held, c] if kind == "sync" else [c]
-        held = []
-        up = max(client, up) + wire(sum(x.bytes_out for x in sent[:-1]) + nout)
+            held_bytes += c.bytes_out
+            if len(held) < max_batch_calls and held_bytes < max_batch_bytes:
+                continue
+        sent = held if batched and kind != "sync" else [*held, c]
+        up = max(client, up) + wire(held_bytes + (0 if sent is held else c.bytes_out))
+        held, held_bytes = [], 0
         for x in sent:
             handle(x, up + half)
         if kind == "sync":
