@@ -123,7 +123,8 @@ def predict(
         for x in sent:
             handle(x, up + half)
         if kind == "sync":
-            proxy = max(proxy, device)  # the reply waits for the device
+            if c.klass != "async":  # a read or a synchronize waits for the device; an
+                proxy = max(proxy, device)  # acknowledged launch does not
             down = max(proxy, down) + wire(nin)
             client = down + half + costs.client_per_trip
             trips += 1
