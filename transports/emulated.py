@@ -138,10 +138,11 @@ class _Pump:
     def at(
         self, queue: int, deadline: float, action: Callable[[], None], latency: float = 0.0
     ) -> None:
-        """Run ``action`` at ``deadline``, and no sooner than ``latency`` after the pump first
-        runs after this call: the turn of the event loop that brings the pump here is the
-        real path's own cost, as a receiver's wake-up is, so the link's latency does not
-        hide it (else the emulated round trip would add less than it says to the bare one)."""
+        """Run ``action`` at ``deadline``, and no sooner than ``latency`` (the frame's own
+        one-way time: latency and wire time) after the pump first runs after this call: the
+        turn of the event loop that brings the pump here is the real path's own cost, as a
+        receiver's wake-up is, so the link's time does not hide it (else an emulated link
+        would add less than it says to the bare path)."""
         self._queues[queue].append([deadline, action, latency])
         self._fresh[queue] += 1
         if self._handle is None:
@@ -219,7 +220,8 @@ class EmulatedConnection(Connection):
             raise ConnectionClosed(f"connection to {self.peer} is closed")
         deadline = self._out.arrival(time.perf_counter(), frame.nbytes)
         self._drained.clear()
-        self._scheduler.at(_OUT, deadline, lambda: self._forward(frame), self._out.one_way)
+        after = self._out.one_way + self._out.wire_time(frame.nbytes)
+        self._scheduler.at(_OUT, deadline, lambda: self._forward(frame), after)
 
     def _forward(self, frame: Frame) -> None:
         with contextlib.suppress(ConnectionClosed):  # the loss is reported on the receive side
@@ -238,7 +240,8 @@ class EmulatedConnection(Connection):
     # incoming
     def _arrived(self, frame: Frame) -> None:
         deadline = self._in.arrival(time.perf_counter(), frame.nbytes)
-        self._scheduler.at(_IN, deadline, lambda: self._deliver(frame), self._in.one_way)
+        after = self._in.one_way + self._in.wire_time(frame.nbytes)
+        self._scheduler.at(_IN, deadline, lambda: self._deliver(frame), after)
 
     def _deliver(self, frame: Frame) -> None:
         if self._receiver is not None:
