@@ -536,6 +536,7 @@ async def _run_emulated(
     base = await proxy.start(f"inproc://{name}")
     out: list[dict[str, Any]] = []
     total = len(cfg.workloads) * len(modes) * len(cfg.rtts_us) * (len(cfg.bws_gbit) + 1)
+    total += len(cfg.workloads) * len(modes)
     done = 0
     t_start = time.perf_counter()
     try:
@@ -553,36 +554,52 @@ async def _run_emulated(
             local_model_s = local_seconds_of(trace)
             bare_url = _emu_url(base, None, None)
             raw: dict[str, list[tuple[float, float, list[_Run]]]] = {m.name: [] for m in modes}
-            bare: dict[str, list[_Run]] = {m.name: [] for m in modes}
-            for rtt in cfg.rtts_us:  # A B A B: the bare link and the local run on every row
-                for mode in modes:
-                    bare[mode.name] += await _runs(
-                        bare_url, mode, fn, wsizes, cfg.repeats, proxy, name
-                    )
-                    done += 1
+            # the bare link's runs at each row's start and end (A B A B): a row's points are
+            # predicted with the round trip's rest from the bare runs on either side of it,
+            # so that the machine's drift (other jobs on shared CPUs) hits both alike
+            bare: dict[str, list[list[_Run]]] = {m.name: [] for m in modes}
+
+            rows: list[float | None] = [None, *cfg.rtts_us]  # None: bare runs before row 1
+            for rtt in rows:
+                for mode in modes if rtt is not None else ():
                     for bw in cfg.bws_gbit:
+                        assert rtt is not None
                         url = _emu_url(base, rtt, bw)
                         runs = await _runs(url, mode, fn, wsizes, cfg.repeats, proxy, name)
                         raw[mode.name].append((rtt, bw, runs))
                         done += 1
                         report({"workload": wname, "done": done, "total": total})
-                local_runs.append((await _local(fn, wsizes, backend))[0])
+                for mode in modes:
+                    bare[mode.name].append(
+                        await _runs(bare_url, mode, fn, wsizes, cfg.repeats, proxy, name)
+                    )
+                    done += 1
+                if rtt is not None:
+                    local_runs.append((await _local(fn, wsizes, backend))[0])
             local_s = _median_run(local_runs).wall
             points: list[dict[str, Any]] = []
-            costs_by_mode: dict[str, dict[str, float]] = {}
+            costs_by_mode: dict[str, dict[str, Any]] = {}
             for mode in modes:
-                per_trip = _per_trip(trace, mode, bare[mode.name])
-                mid = _median_run(bare[mode.name])
-                _, bare_costs, scaled = _predicted(trace, mode, mid, per_trip, 0.0, None)
+                bare_rows = bare[mode.name]
+                every = [r for row in bare_rows for r in row]
+                per_trip_all = _per_trip(trace, mode, every)
+                mid = _median_run(every)
+                _, bare_costs, scaled = _predicted(trace, mode, mid, per_trip_all, 0.0, None)
                 ncalls = max(1, _remote_calls(trace, mode.optimized)[0])
+                row_trips = [
+                    _per_trip(trace, mode, bare_rows[i] + bare_rows[i + 1])
+                    for i in range(len(bare_rows) - 1)
+                ]
                 costs_by_mode[mode.name] = {
                     "client_per_call_us": sum(t.gap_s for t in scaled) / ncalls * 1e6,
                     "proxy_per_call_us": bare_costs.proxy_per_call * 1e6,
-                    "per_trip_us": per_trip * 1e6,
+                    "per_trip_us": per_trip_all * 1e6,
+                    "per_trip_by_row_us": [x * 1e6 for x in row_trips],
                     "bare_link_s": mid.wall,
-                    "bare_runs": len(bare[mode.name]),
+                    "bare_runs": len(every),
                 }
-                for rtt, bw, runs in raw[mode.name]:
+                for k, (rtt, bw, runs) in enumerate(raw[mode.name]):
+                    per_trip = row_trips[k // len(cfg.bws_gbit)]
                     r = _median_run(runs)  # the run of the median time, and its costs
                     predicted, costs, scaled = _predicted(trace, mode, r, per_trip, rtt, bw)
                     ideal = predict(
