@@ -7,10 +7,24 @@ is given the link's round trip as measured by ping in the same run (the emulated
 the real path underneath) and the client's per-call cost measured once. The result names, per
 workload, the largest RTT and the smallest bandwidth at which the slowdown stays within the
 tolerance.
+
+``--transport emu+inproc`` (with ``--backend sim:a100``) asks the paper's question at the paper's
+scale on any machine: the proxy runs in this process and event loop, over ``inproc://`` with
+no copies, behind an emulated link of µs precision, on a simulated A100 whose device time is a
+virtual clock (``sim:a100,compute=0``: nothing computed, nothing slept). Everything happens on
+one thread, so no wake-up (~90 µs here) and no GIL hand-off (5 ms) enters a figure; the client
+and the proxy still each cost what they cost (the client waits while the proxy works, as it
+does across two machines: gpuremote's pipeline sends when the client next waits). The costs
+the model is given (client per call, proxy per call, the rest of a round trip) are measured
+per workload and mode on the bare link (no RTT, no bandwidth limit), which is not a grid
+point: every grid point is a prediction. The modes are a table (``MODES``): ``replay``
+(captured steps, issue 32) slots in there as one more entry.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -21,17 +35,68 @@ import numpy as np
 import gpuremote
 from gpuremote.local import connect_local
 from gpuremote.model import Costs, predict
+from gpuremote.model import local_seconds as local_seconds_of
 from gpuremote.workloads import WORKLOADS
 
 from .target import TargetOptions, open_target
 
-__all__ = ["SIZES", "RequirementsConfig", "ping_rtt", "run_requirements"]
+__all__ = [
+    "EMU_SIZES",
+    "MODES",
+    "PAPER_BWS_GBIT",
+    "PAPER_RTTS_US",
+    "SIZES",
+    "Mode",
+    "RequirementsConfig",
+    "ping_rtt",
+    "run_requirements",
+]
+
+#: the paper's grid (shared/notes/paper.md): RTTs in µs and bandwidths in Gbit/s
+PAPER_RTTS_US: list[float] = [1, 2, 5, 10, 20, 40, 100]
+PAPER_BWS_GBIT: list[float] = [10, 25, 100, 200]
+
+
+@dataclass(frozen=True)
+class Mode:
+    """How the client remotes a workload in one column of the sweep."""
+
+    name: str
+    connect: dict[str, Any]  # keyword arguments of gpuremote.connect
+    optimized: bool  # the model's switch
+    unavailable: str | None = None  # why this mode cannot run yet (None: it can)
+
+
+#: the sweep's modes; ``replay`` runs a workload's step as a captured recording, once the
+#: client can capture steps (issue 32): its entry then gets the connect/run switch and loses
+#: ``unavailable``
+MODES: dict[str, Mode] = {
+    "unoptimized": Mode(
+        "unoptimized", {"async_calls": False, "batching": False, "shadow": False}, False
+    ),
+    "optimized": Mode("optimized", {"async_calls": True, "batching": True, "shadow": True}, True),
+    "replay": Mode(
+        "replay", {}, True, unavailable="needs captured steps (issue 32), not built yet"
+    ),
+}
 
 #: workload sizes for the sweep (smaller than the workloads' own defaults, to keep it minutes)
 SIZES: dict[str, dict[str, Any]] = {
     "mlp": {"steps": 60, "batch": 128, "din": 64, "hidden": 256, "dout": 16},
     "transformer": {"steps": 30, "seq": 32, "d_model": 128, "heads": 4},
     "upload": {"steps": 20, "batch_mb": 4.0, "features": 256},
+}
+#: sizes on the simulated GPU over emu+inproc (device time is a clock: the sizes set the calls'
+#: device time and bytes; steps keep a run at tens of ms)
+EMU_SIZES: dict[str, dict[str, Any]] = {
+    "mlp": {"steps": 30, "batch": 256, "din": 256, "hidden": 1024, "dout": 64},
+    "transformer": {"steps": 15, "seq": 128, "d_model": 512, "heads": 8},
+    "upload": {"steps": 10, "batch_mb": 4.0, "features": 256},
+}
+EMU_QUICK_SIZES: dict[str, dict[str, Any]] = {
+    "mlp": {"steps": 8, "batch": 256, "din": 256, "hidden": 1024, "dout": 64},
+    "transformer": {"steps": 4, "seq": 128, "d_model": 512, "heads": 8},
+    "upload": {"steps": 4, "batch_mb": 1.0, "features": 256},
 }
 QUICK_SIZES: dict[str, dict[str, Any]] = {
     "mlp": {"steps": 8, "batch": 64, "din": 32, "hidden": 128, "dout": 8},
@@ -49,6 +114,7 @@ class RequirementsConfig(TargetOptions):
     tolerance: float = 0.05
     quick: bool = False
     repeats: int = 3
+    modes: list[str] = field(default_factory=lambda: ["unoptimized", "optimized"])
 
 
 async def _timed(fn: Callable[..., Any], gpu: gpuremote.GPU, sizes: dict[str, Any]) -> float:
@@ -158,6 +224,16 @@ def _requirement(points: list[dict[str, Any]], optimized: bool, tol: float) -> d
 async def run_requirements(
     cfg: RequirementsConfig, report: Callable[[dict[str, Any]], None] = lambda s: None
 ) -> dict[str, Any]:
+    """The sweep (see the module docstring): over ``emu+inproc`` on the simulated device, or
+    over emulated links on top of a real transport."""
+    if cfg.transport == "emu+inproc" and cfg.url is None:
+        return await _run_emulated(cfg, report)
+    return await _run_real(cfg, report)
+
+
+async def _run_real(
+    cfg: RequirementsConfig, report: Callable[[dict[str, Any]], None] = lambda s: None
+) -> dict[str, Any]:
     sizes = QUICK_SIZES if cfg.quick else SIZES
     out: list[dict[str, Any]] = []
     total = len(cfg.workloads) * len(cfg.rtts_us) * len(cfg.bws_gbit) * 2
@@ -253,6 +329,360 @@ async def run_requirements(
     }
 
 
+def timing_backend(spec: str) -> str:
+    """``sim:a100`` -> ``sim:a100,compute=0``: the sweep times the device, it computes
+    nothing (said so in its result); any other spec is kept as it is."""
+    head, _, rest = spec.partition(":")
+    if head == "sim" and rest and "compute=" not in rest:
+        return f"{spec},compute=0"
+    return spec
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What one run of a workload's steps over one link measured (seconds)."""
+
+    wall: float
+    awaited: float  # the client waiting in synchronous calls
+    proxy_busy: float  # the proxy handling frames (its device waits included)
+    device_waited: float  # the simulated device's waits, in the proxy
+    late: float  # frames released after they could have been (the emulator's own error)
+    stolen: float  # this thread ready to run but not running (other processes had the CPUs)
+
+
+def _run_queue_s() -> float:
+    """Seconds this thread has waited for a CPU (Linux's schedstat; 0 where unknown)."""
+    try:
+        with open("/proc/thread-self/schedstat") as fh:
+            return int(fh.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+async def _runs(
+    url: str,
+    mode: Mode,
+    fn: Callable[..., Any],
+    sizes: dict[str, Any],
+    repeats: int,
+    proxy: Any,
+    listener_name: str,
+) -> list[_Run]:
+    """Run workload ``fn`` ``repeats`` times over ``url`` (after a warm-up run), timing its
+    steps (from its ``ready`` call to its end) and what the client, the proxy, the device
+    and the emulator did meanwhile."""
+    from gpuremote.transports.inproc import listener
+
+    async with gpuremote.connect(url, **mode.connect) as gpu:
+        session: Any = gpu._session
+        conn = session.conn
+        lst = listener(listener_name)
+        assert lst is not None and lst.accepted, "no inproc connection to measure"
+        proxy_end = lst.accepted[-1]
+        awaited = [0.0]
+        call = session.call
+
+        async def timed_call(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return await call(*args, **kwargs)
+            finally:
+                awaited[0] += time.perf_counter() - t0
+
+        session.call = timed_call  # on this instance: the time the client spends waiting
+
+        def snapshot() -> tuple[float, ...]:
+            return (
+                time.perf_counter(),
+                awaited[0],
+                proxy_end.busy_s,
+                proxy.backend.timing()[1],
+                conn.late_own_s,
+                _run_queue_s(),
+            )
+
+        await fn(gpu, **sizes)  # warm-up, uncounted
+        runs = []
+        marks: list[tuple[float, ...]] = []
+        for _ in range(repeats):
+            await fn(gpu, **sizes, ready=lambda: marks.append(snapshot()))
+            end, start = snapshot(), marks[-1]
+            runs.append(_Run(*(e - s for e, s in zip(end, start, strict=True))))
+        return runs
+
+
+async def _local(
+    fn: Callable[..., Any], sizes: dict[str, Any], backend: str
+) -> tuple[_Run, list[Any]]:
+    """One local run of ``fn``'s steps: (its time, its trace from the steps' start)."""
+    from gpuremote.backends import get_backend
+
+    gpu = connect_local(get_backend(backend))
+    trace: list[Any] = gpu._session.trace  # type: ignore[attr-defined]
+    mark: list[tuple[float, int, float]] = []
+    await fn(
+        gpu,
+        **sizes,
+        ready=lambda: mark.append((time.perf_counter(), len(trace), _run_queue_s())),
+    )
+    seconds = time.perf_counter() - mark[0][0]
+    stolen = _run_queue_s() - mark[0][2]
+    steps = list(trace[mark[0][1] :])
+    await gpu.aclose()
+    return _Run(seconds, 0.0, 0.0, 0.0, 0.0, stolen), steps
+
+
+def _remote_calls(trace: list[Any], optimized: bool) -> tuple[int, int, float, float]:
+    """(remote calls, round trips, the calls' local gaps, their host time on the proxy)."""
+    calls = trips = 0
+    gaps = host = 0.0
+    for t in trace:
+        gaps += t.gap_s
+        if t.klass == "local" and (optimized or not t.shadow_bytes):
+            continue
+        calls += 1
+        host += t.device_s
+        trips += 1 if (t.klass == "sync" or not optimized or t.klass == "local") else 0
+    return calls, trips, gaps, host
+
+
+def _fitted(trace: list[Any], mode: Mode, run: _Run, per_trip: float) -> tuple[Costs, list[Any]]:
+    """The trace and costs the model is given for ``run``, from what it measured: the
+    client's own time (outside its synchronous waits: the workload's code and making the
+    calls) spread over the calls as the local run's gaps are; the proxy's busy time beyond
+    the device's waits, per remote call; ``per_trip``: the rest of a round trip (loop hops,
+    replies), from the bare link (``_per_trip``). The link and the device are the model's."""
+    calls, _, gaps, _ = _remote_calls(trace, mode.optimized)
+    client = run.wall - run.awaited
+    scale = client / gaps if gaps > 0 else 1.0
+    proxy = (run.proxy_busy - run.device_waited) / max(1, calls)
+    scaled = [replace(t, gap_s=t.gap_s * scale, device_s=0.0) for t in trace]
+    return Costs(proxy_per_call=max(0.0, proxy), client_per_trip=per_trip), scaled
+
+
+def _predicted(
+    trace: list[Any], mode: Mode, run: _Run, per_trip: float, rtt_us: float, bw_gbit: float | None
+) -> tuple[float, Costs, list[Any]]:
+    costs, scaled = _fitted(trace, mode, run, per_trip)
+    bw = None if bw_gbit is None else bw_gbit * 1e9
+    p = predict(scaled, rtt_us * 1e-6, bw, optimized=mode.optimized, costs=costs, batched=True)
+    return p.seconds, costs, scaled
+
+
+def _quiet(runs: list[_Run], share: float = 0.02) -> list[_Run]:
+    """The runs that lost at most ``share`` of their time to other processes, else the
+    third that lost least: other engineers' jobs on a shared machine take this process's CPU
+    at random, which is nobody's cost (``stolen``)."""
+    quiet = [r for r in runs if r.stolen <= share * r.wall]
+    if quiet:
+        return quiet
+    return sorted(runs, key=lambda r: r.stolen / r.wall)[: max(1, len(runs) // 3)]
+
+
+def _per_trip(trace: list[Any], mode: Mode, bare: list[_Run]) -> float:
+    """What a round trip costs beyond the client's and proxy's measured time: what remains
+    of the bare link's time (no RTT, no bandwidth limit) per round trip (the median over the
+    quiet runs)."""
+    _, trips, _, _ = _remote_calls(trace, mode.optimized)
+    rests = [
+        (r.wall - _predicted(trace, mode, r, 0.0, 0.0, None)[0]) / max(1, trips)
+        for r in _quiet(bare)
+    ]
+    return float(np.median(rests))
+
+
+def _median_run(runs: list[_Run]) -> _Run:
+    """The run of the median time among the quiet ones (``_quiet``)."""
+    quiet = sorted(_quiet(runs), key=lambda r: r.wall)
+    return quiet[len(quiet) // 2]
+
+
+def _emu_url(base: str, rtt_us: float | None, bw_gbit: float | None) -> str:
+    opts = ["copy=0"]
+    if rtt_us is not None:
+        opts.append(f"rtt={rtt_us:g}us")
+    if bw_gbit is not None:
+        opts.append(f"bw={bw_gbit:g}gbit")
+    return f"emu+{base}?{'&'.join(opts)}"
+
+
+def _min_requirement(points: list[dict[str, Any]], mode: str, tol: float) -> dict[str, Any]:
+    """The largest RTT that is within ``tol`` at the grid's best bandwidth, and the smallest
+    bandwidth that is within it at the grid's best RTT (None: not within at any)."""
+    pts = [p for p in points if p["mode"] == mode]
+    if not pts:
+        return {"rtt_us": None, "bw_gbit": None}
+    best_bw = max(p["bw_gbit"] for p in pts)
+    best_rtt = min(p["rtt_us"] for p in pts)
+    ok = [p for p in pts if p["slowdown"] <= tol]
+    return {
+        "rtt_us": max((p["rtt_us"] for p in ok if p["bw_gbit"] == best_bw), default=None),
+        "bw_gbit": min((p["bw_gbit"] for p in ok if p["rtt_us"] == best_rtt), default=None),
+    }
+
+
+async def _run_emulated(
+    cfg: RequirementsConfig, report: Callable[[dict[str, Any]], None]
+) -> dict[str, Any]:
+    from gpuremote.proxy import Proxy
+
+    backend = timing_backend(cfg.backend)
+    sizes = EMU_QUICK_SIZES if cfg.quick else EMU_SIZES
+    modes = [MODES[m] for m in cfg.modes]
+    skipped = {m.name: m.unavailable for m in modes if m.unavailable}
+    modes = [m for m in modes if not m.unavailable]
+    name = f"requirements-{os.getpid()}-{time.monotonic_ns()}"
+    proxy = Proxy(backend, inline_us=math.inf)  # one thread: every batch inline
+    base = await proxy.start(f"inproc://{name}")
+    out: list[dict[str, Any]] = []
+    total = len(cfg.workloads) * len(modes) * len(cfg.rtts_us) * (len(cfg.bws_gbit) + 1)
+    total += len(cfg.workloads) * len(modes)
+    done = 0
+    t_start = time.perf_counter()
+    try:
+        for wname in cfg.workloads:
+            fn, wsizes = WORKLOADS[wname], sizes[wname]
+            local_runs: list[_Run] = []
+            traces: dict[int, list[Any]] = {}
+            for i in range(cfg.repeats + 1):  # the first run warms caches up, uncounted
+                lr, tr = await _local(fn, wsizes, backend)
+                if i:
+                    local_runs.append(lr)
+                    traces[id(lr)] = tr
+            # the trace of the median quiet run: the model's calls, gaps and device times
+            trace = traces[id(_median_run(local_runs))]
+            local_model_s = local_seconds_of(trace)
+            bare_url = _emu_url(base, None, None)
+            raw: dict[str, list[tuple[float, float, list[_Run]]]] = {m.name: [] for m in modes}
+            # the bare link's runs at each row's start and end (A B A B): a row's points are
+            # predicted with the round trip's rest from the bare runs on either side of it,
+            # so that the machine's drift (other jobs on shared CPUs) hits both alike
+            bare: dict[str, list[list[_Run]]] = {m.name: [] for m in modes}
+
+            rows: list[float | None] = [None, *cfg.rtts_us]  # None: bare runs before row 1
+            for rtt in rows:
+                for mode in modes if rtt is not None else ():
+                    for bw in cfg.bws_gbit:
+                        assert rtt is not None
+                        url = _emu_url(base, rtt, bw)
+                        runs = await _runs(url, mode, fn, wsizes, cfg.repeats, proxy, name)
+                        raw[mode.name].append((rtt, bw, runs))
+                        done += 1
+                        report({"workload": wname, "done": done, "total": total})
+                for mode in modes:
+                    bare[mode.name].append(
+                        await _runs(bare_url, mode, fn, wsizes, cfg.repeats, proxy, name)
+                    )
+                    done += 1
+                if rtt is not None:
+                    local_runs.append((await _local(fn, wsizes, backend))[0])
+            local_s = _median_run(local_runs).wall
+            points: list[dict[str, Any]] = []
+            costs_by_mode: dict[str, dict[str, Any]] = {}
+            for mode in modes:
+                bare_rows = bare[mode.name]
+                every = [r for row in bare_rows for r in row]
+                per_trip_all = _per_trip(trace, mode, every)
+                mid = _median_run(every)
+                _, bare_costs, scaled = _predicted(trace, mode, mid, per_trip_all, 0.0, None)
+                ncalls = max(1, _remote_calls(trace, mode.optimized)[0])
+                row_trips = [
+                    _per_trip(trace, mode, bare_rows[i] + bare_rows[i + 1])
+                    for i in range(len(bare_rows) - 1)
+                ]
+                costs_by_mode[mode.name] = {
+                    "client_per_call_us": sum(t.gap_s for t in scaled) / ncalls * 1e6,
+                    "proxy_per_call_us": bare_costs.proxy_per_call * 1e6,
+                    "per_trip_us": per_trip_all * 1e6,
+                    "per_trip_by_row_us": [x * 1e6 for x in row_trips],
+                    "bare_link_s": mid.wall,
+                    "bare_runs": len(every),
+                }
+                for k, (rtt, bw, runs) in enumerate(raw[mode.name]):
+                    per_trip = row_trips[k // len(cfg.bws_gbit)]
+                    r = _median_run(runs)  # the run of the median time, and its costs
+                    predicted, costs, scaled = _predicted(trace, mode, r, per_trip, rtt, bw)
+                    ideal = predict(
+                        trace, rtt * 1e-6, bw * 1e9, optimized=mode.optimized, batched=True
+                    ).seconds
+                    err = predicted / r.wall - 1
+                    emu_error = r.late / r.wall
+                    stolen = r.stolen / r.wall
+                    points.append(
+                        {
+                            "rtt_us": rtt,
+                            "bw_gbit": bw,
+                            "mode": mode.name,
+                            "optimized": mode.optimized,
+                            "measured_s": r.wall,
+                            "predicted_s": predicted,
+                            "model_error": err,
+                            "emulator_error": emu_error,
+                            "cpu_stolen": stolen,
+                            "within": abs(err) <= max(cfg.tolerance, emu_error + stolen),
+                            "slowdown": r.wall / local_s - 1,
+                            "predicted_slowdown": predicted / local_s - 1,
+                            "network_only_slowdown": ideal / local_model_s - 1,
+                            "client_per_call_us": sum(t.gap_s for t in scaled) / ncalls * 1e6,
+                            "proxy_per_call_us": costs.proxy_per_call * 1e6,
+                            "runs_s": [x.wall for x in runs],
+                        }
+                    )
+            steps = int(wsizes["steps"])
+            _, trips, _, _ = _remote_calls(trace, True)
+            out.append(
+                {
+                    "name": wname,
+                    "sizes": wsizes,
+                    "local_s": local_s,
+                    "local_runs_s": [r.wall for r in local_runs],
+                    "local_model_s": local_model_s,
+                    "device_s": sum(t.kernel_s for t in trace),
+                    "calls": len(trace),
+                    "costs": costs_by_mode,
+                    "points": points,
+                    "min_requirement": {
+                        m.name: _min_requirement(points, m.name, cfg.tolerance) for m in modes
+                    },
+                    # the model's answer were the client's and proxy's software free: the
+                    # network's share of the requirement (the local run's gaps and host time)
+                    "min_requirement_network_only": {
+                        m.name: _min_requirement(
+                            [{**p, "slowdown": p["network_only_slowdown"]} for p in points],
+                            m.name,
+                            cfg.tolerance,
+                        )
+                        for m in modes
+                    },
+                    "sync_round_trips_per_step": {
+                        "optimized": trips / steps,
+                        "unoptimized": _remote_calls(trace, False)[1] / steps,
+                    },
+                }
+            )
+    finally:
+        await proxy.close()
+    errors = [abs(p["model_error"]) for w in out for p in w["points"]]
+    return {
+        "bench": "requirements",
+        "device": backend,
+        "device_info": dict(proxy.backend.device_info()),
+        "transport": "emu+inproc",
+        "url": base,
+        "tolerance": cfg.tolerance,
+        "modes": [m.name for m in modes],
+        "modes_skipped": skipped,
+        "max_model_error": max(errors, default=None),
+        "all_within": all(p["within"] for w in out for p in w["points"]),
+        "seconds": time.perf_counter() - t_start,
+        "workloads": out,
+    }
+
+
+def _mode(point: dict[str, Any]) -> str:
+    return str(point.get("mode", "optimized" if point["optimized"] else "unoptimized"))
+
+
 def plot(result: dict[str, Any], path: str) -> bool:
     """Slowdown against RTT, one line per bandwidth, measured points and model lines (PNG)."""
     try:
@@ -264,21 +694,24 @@ def plot(result: dict[str, Any], path: str) -> bool:
         return False
     workloads = result["workloads"]
     fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 4), squeeze=False)
+    styles = {"optimized": "-", "unoptimized": ":", "replay": "--"}
     for ax, w in zip(axes[0], workloads, strict=True):
-        for optimized, style in ((True, "-"), (False, ":")):
+        for mode, style in styles.items():
             bws = sorted({p["bw_gbit"] for p in w["points"]})
             for bw in bws:
                 pts = sorted(
-                    (p for p in w["points"] if p["bw_gbit"] == bw and p["optimized"] == optimized),
+                    (p for p in w["points"] if p["bw_gbit"] == bw and _mode(p) == mode),
                     key=lambda p: p["rtt_us"],
                 )
+                if not pts:
+                    continue
                 x = [p["rtt_us"] for p in pts]
-                label = f"{bw:g} Gbit/s{'' if optimized else ', unoptimized'}"
+                label = f"{bw:g} Gbit/s, {mode}"
                 line = ax.plot(
                     x, [100 * p["predicted_slowdown"] for p in pts], style, label=f"model, {label}"
                 )[0]
                 ax.plot(x, [100 * p["slowdown"] for p in pts], "o", color=line.get_color())
-        ax.axhline(100 * result["tolerance"], color="grey", lw=0.8)
+        ax.axhline(100 * result["tolerance"], color="grey", lw=0.8, label="tolerance")
         ax.set_xscale("log")
         ax.set_yscale("symlog")
         ax.set_xlabel("emulated RTT (µs)")

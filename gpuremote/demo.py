@@ -8,6 +8,7 @@ difference between the two results and how long each took.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,12 +63,21 @@ def train_local(data: dict[str, np.ndarray[Any, Any]], steps: int, lr: float = 0
 
 
 async def train_remote(
-    gpu: GPU, data: dict[str, np.ndarray[Any, Any]], steps: int, lr: float = 0.1
+    gpu: GPU,
+    data: dict[str, np.ndarray[Any, Any]],
+    steps: int,
+    lr: float = 0.1,
+    ready: Callable[[], None] | None = None,
 ) -> DemoResult:
-    """The same steps through gpuremote: one synchronous round trip per step (the loss)."""
+    """The same steps through gpuremote: one synchronous round trip per step (the loss).
+    ``ready``: called once the data is on the device (after a synchronize), before the
+    steps (a bench times the steps from there)."""
     t0 = time.perf_counter()
     x, y = gpu.asarray(data["x"]), gpu.asarray(data["y"])
     w1, w2 = gpu.asarray(data["w1"]), gpu.asarray(data["w2"])
+    if ready is not None:
+        await gpu.synchronize()
+        ready()
     scale = 2.0 / data["y"].size
     losses = []
     for _ in range(steps):

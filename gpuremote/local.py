@@ -40,8 +40,11 @@ class TraceEntry:
     bytes_out: int  # client to device
     bytes_in: int  # device to client
     gap_s: float  # client time since the previous call returned
-    device_s: float  # time the call ran (on the NumPy backend: on this CPU)
+    device_s: float  # time the call ran on the host (on the NumPy backend: its compute)
     shadow_bytes: int = 0  # a get() answered from the host copy: bytes it would move
+    #: device time the call queued on a simulated device that times itself (``sim:a100``),
+    #: which runs asynchronously; ``device_s`` then excludes any wait for the device
+    kernel_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -89,6 +92,9 @@ class DirectSession:
         self._to_free: deque[int] = deque()  # appended from any thread (finalizers)
         self.notices: list[Any] = []
 
+    def _timing(self) -> tuple[float, float]:
+        return self.executor.backend.timing()
+
     # -- what GPU uses ---------------------------------------------------------------------
     def new_handle(self) -> int:
         self._handle += 1
@@ -118,15 +124,27 @@ class DirectSession:
         self._seq += 1
         bufs = [buffer.toreadonly()] if buffer is not None else []  # never adopted: copied
         cmd = Command(self._seq, spec, stream, _direct_args(spec, args), False)
+        queued0, waited0 = self._timing()
         t0 = time.perf_counter()
         replies, out = self.executor.execute([cmd], bufs)
         device = time.perf_counter() - t0
+        queued, waited = self._timing()
         klass = spec.klass.value
         self.counters.calls[klass] += 1
         if self.trace is not None:
             nin = sum(b.nbytes for b in out)
             nout = buffer.nbytes if buffer is not None else 0
-            self.trace.append(TraceEntry(spec.name, klass, nout, nin, start - self._last, device))
+            self.trace.append(
+                TraceEntry(
+                    spec.name,
+                    klass,
+                    nout,
+                    nin,
+                    start - self._last,
+                    max(0.0, device - (waited - waited0)),
+                    kernel_s=queued - queued0,
+                )
+            )
         result: tuple[Any, list[memoryview]] = (None, [])
         if replies:
             reply = replies[0]
@@ -164,10 +182,14 @@ class DirectSession:
     def _free_released(self) -> None:
         while self._to_free:
             handle = self._to_free.popleft()  # traced too: remotely, each is a call
+            queued0, _ = self._timing()
             t0 = time.perf_counter()
             self.executor.execute([Command(0, _FREE, 0, (handle,), False)], [])
             if self.trace is not None:
-                self.trace.append(TraceEntry("free", "async", 0, 0, 0.0, time.perf_counter() - t0))
+                kernel = self._timing()[0] - queued0
+                self.trace.append(
+                    TraceEntry("free", "async", 0, 0, 0.0, time.perf_counter() - t0, 0, kernel)
+                )
 
     async def aclose(self) -> None:
         self._closed = True

@@ -23,7 +23,7 @@ from typing import Any
 
 from .local import TraceEntry
 
-__all__ = ["Costs", "Prediction", "load_trace", "predict", "save_trace"]
+__all__ = ["Costs", "Prediction", "load_trace", "local_seconds", "predict", "save_trace"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +34,7 @@ class Costs:
     proxy_per_call: float = 0.0  # the proxy's cost of decoding and dispatching one call
     base_rtt: float = 0.0  # round trip of the real path under the emulated link
     base_bw: float | None = None  # bytes/s of the real path (its time adds to the link's)
+    client_per_trip: float = 0.0  # the client's cost of one round trip beyond its calls'
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +48,20 @@ class Prediction:
         return self.seconds / self.local_seconds - 1 if self.local_seconds else 0.0
 
 
+def local_seconds(trace: Sequence[TraceEntry]) -> float:
+    """The time of ``trace`` run locally: the client's gaps and each call's host time, with
+    the device's own time (``kernel_s``, a simulated device that times itself) running in
+    parallel with the client, waited for at the synchronous calls."""
+    client = device = 0.0
+    for c in trace:
+        client += c.gap_s + c.device_s
+        if c.kernel_s:
+            device = max(client, device) + c.kernel_s
+        if c.klass == "sync":
+            client = max(client, device)
+    return client
+
+
 def predict(
     trace: Sequence[TraceEntry],
     rtt_s: float,
@@ -54,8 +69,18 @@ def predict(
     *,
     optimized: bool = True,
     costs: Costs = Costs(),
+    batched: bool = False,
+    max_batch_calls: int = 1024,
+    max_batch_bytes: int = 4 << 20,
 ) -> Prediction:
-    """Predicted time of ``trace`` remoted over (``rtt_s``, ``bw_bps``)."""
+    """Predicted time of ``trace`` remoted over (``rtt_s``, ``bw_bps``).
+
+    The proxy handles calls in order (``proxy_per_call`` plus the call's host time
+    ``device_s``); a call's device time ``kernel_s`` runs on the device's own queue, in
+    parallel with the proxy, which waits for it only at a synchronous call. ``batched``:
+    asynchronous calls go out together with the next synchronous one, as gpuremote's
+    pipeline sends them when the client next waits, or at once when they reach
+    ``max_batch_calls`` or ``max_batch_bytes`` (else each goes out when issued)."""
     half = (rtt_s + costs.base_rtt) / 2
 
     def wire(nbytes: int) -> float:
@@ -64,14 +89,22 @@ def predict(
 
     client = 0.0  # when the client is free to issue its next call
     up = down = 0.0  # when each direction of the link is free
+    proxy = 0.0  # when the proxy has handled everything sent to it
     device = 0.0  # when the device has run everything sent to it
     trips = 0
-    local = 0.0
+    held: list[TraceEntry] = []  # batched: calls waiting for the next send
+    held_bytes = 0
+
+    def handle(c: TraceEntry, arrival: float) -> None:
+        nonlocal proxy, device
+        proxy = max(arrival, proxy) + costs.proxy_per_call + c.device_s
+        if c.kernel_s:
+            device = max(proxy, device) + c.kernel_s
+
     for c in trace:
-        local += c.gap_s + c.device_s
         client += c.gap_s
         kind = c.klass
-        nout, nin = c.bytes_out, c.bytes_in
+        nin = c.bytes_in
         if kind == "local":
             if optimized or not c.shadow_bytes:
                 continue
@@ -79,13 +112,25 @@ def predict(
         if not optimized:
             kind = "sync"
         client += costs.client_per_call
-        up = max(client, up) + wire(nout)
-        device = max(up + half, device) + costs.proxy_per_call + c.device_s
+        if batched and kind != "sync":
+            held.append(c)
+            held_bytes += c.bytes_out
+            if len(held) < max_batch_calls and held_bytes < max_batch_bytes:
+                continue
+        sent = held if batched and kind != "sync" else [*held, c]
+        up = max(client, up) + wire(held_bytes + (0 if sent is held else c.bytes_out))
+        held, held_bytes = [], 0
+        for x in sent:
+            handle(x, up + half)
         if kind == "sync":
-            down = max(device, down) + wire(nin)
-            client = down + half
+            if c.klass != "async":  # a read or a synchronize waits for the device; an
+                proxy = max(proxy, device)  # acknowledged launch does not
+            down = max(proxy, down) + wire(nin)
+            client = down + half + costs.client_per_trip
             trips += 1
-    return Prediction(max(client, 0.0), local, trips)
+    if held:  # sent when the client finishes; nothing waits for them
+        up = max(client, up) + wire(sum(x.bytes_out for x in held))
+    return Prediction(max(client, 0.0), local_seconds(trace), trips)
 
 
 def save_trace(path: str | Path, trace: Iterable[TraceEntry], **meta: Any) -> None:

@@ -25,6 +25,7 @@ import re
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from gpuremote.errors import ConfigError, ConnectionClosed
 from gpuremote.framing import Frame, FrameLimits
@@ -55,6 +56,8 @@ _UNITS_BPS = {
     "mb": 8e6,
     "gb": 8e9,
 }
+#: options of the wrapped transports that an emu+ URL passes on to them
+_INNER_OPTIONS = frozenset({"copy", "cert", "key", "ca", "shm", "device"})
 _SPIN_BELOW = 0.002  # closer deadlines: poll the clock on every turn of the event loop
 _BUSY_BELOW = 50e-6  # closer still: busy-wait without yielding
 
@@ -120,13 +123,30 @@ class _Pump:
 
     def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._queues: list[deque[tuple[float, Callable[[], None]]]] = [deque(), deque()]
+        # per direction: [deadline, action, latency] in deadline order
+        self._queues: list[deque[list[Any]]] = [deque(), deque()]
+        self._fresh = [0, 0]  # items at each queue's end that no run has seen yet
         self._handle: asyncio.Handle | None = None
         self.late_s = 0.0  # worst lateness seen (the emulator's own error)
+        self.late_total_s = 0.0  # lateness of every frame released, added up
+        #: lateness counted from when the pump could first run after the deadline: the
+        #: emulator's own (its polling, the process losing its CPU), not other callbacks'
+        self.late_own_s = 0.0
+        self.released = 0
+        self._runnable_at = 0.0  # when the pump's next run was due
 
-    def at(self, queue: int, deadline: float, action: Callable[[], None]) -> None:
-        self._queues[queue].append((deadline, action))
+    def at(
+        self, queue: int, deadline: float, action: Callable[[], None], latency: float = 0.0
+    ) -> None:
+        """Run ``action`` at ``deadline``, and no sooner than ``latency`` (the frame's own
+        one-way time: latency and wire time) after the pump first runs after this call: the
+        turn of the event loop that brings the pump here is the real path's own cost, as a
+        receiver's wake-up is, so the link's time does not hide it (else an emulated link
+        would add less than it says to the bare path)."""
+        self._queues[queue].append([deadline, action, latency])
+        self._fresh[queue] += 1
         if self._handle is None:
+            self._runnable_at = time.perf_counter()
             self._handle = self._loop.call_soon(self._run)
 
     def empty(self, queue: int) -> bool:
@@ -134,12 +154,22 @@ class _Pump:
 
     def _run(self) -> None:
         self._handle = None
+        now = time.perf_counter()
+        for i, q in enumerate(self._queues):
+            n = len(q)
+            for k in range(n - self._fresh[i], n):
+                item = q[k]
+                item[0] = max(item[0], now + item[2])
+            self._fresh[i] = 0
         while True:
             now = time.perf_counter()
             for q in self._queues:
                 while q and q[0][0] <= now:
-                    deadline, action = q.popleft()
+                    deadline, action, _ = q.popleft()
                     self.late_s = max(self.late_s, now - deadline)
+                    self.late_total_s += now - deadline
+                    self.late_own_s += now - max(deadline, self._runnable_at)
+                    self.released += 1
                     action()
             heads = [q[0][0] for q in self._queues if q]
             if not heads:
@@ -150,8 +180,10 @@ class _Pump:
             while time.perf_counter() < min(heads):  # the last few µs: spin right here
                 pass
         if wait > _SPIN_BELOW:
+            self._runnable_at = time.perf_counter() + wait - 0.001
             self._handle = self._loop.call_later(wait - 0.001, self._run)
         else:
+            self._runnable_at = time.perf_counter()
             self._handle = self._loop.call_soon(self._run)  # poll the clock each loop turn
 
     def cancel(self) -> None:
@@ -160,6 +192,7 @@ class _Pump:
             self._handle = None
         for q in self._queues:
             q.clear()
+        self._fresh = [0, 0]
 
 
 _OUT, _IN = 0, 1
@@ -187,7 +220,8 @@ class EmulatedConnection(Connection):
             raise ConnectionClosed(f"connection to {self.peer} is closed")
         deadline = self._out.arrival(time.perf_counter(), frame.nbytes)
         self._drained.clear()
-        self._scheduler.at(_OUT, deadline, lambda: self._forward(frame))
+        after = self._out.one_way + self._out.wire_time(frame.nbytes)
+        self._scheduler.at(_OUT, deadline, lambda: self._forward(frame), after)
 
     def _forward(self, frame: Frame) -> None:
         with contextlib.suppress(ConnectionClosed):  # the loss is reported on the receive side
@@ -206,7 +240,8 @@ class EmulatedConnection(Connection):
     # incoming
     def _arrived(self, frame: Frame) -> None:
         deadline = self._in.arrival(time.perf_counter(), frame.nbytes)
-        self._scheduler.at(_IN, deadline, lambda: self._deliver(frame))
+        after = self._in.one_way + self._in.wire_time(frame.nbytes)
+        self._scheduler.at(_IN, deadline, lambda: self._deliver(frame), after)
 
     def _deliver(self, frame: Frame) -> None:
         if self._receiver is not None:
@@ -263,6 +298,19 @@ class EmulatedConnection(Connection):
         """The latest any frame was released after its deadline (emulator accuracy)."""
         return self._scheduler.late_s
 
+    @property
+    def late_total_s(self) -> float:
+        """How late the frames were released after their deadlines, added up: at most this
+        much of a run's time is the emulator's own (or the other side's, in one event loop)."""
+        return self._scheduler.late_total_s
+
+    @property
+    def late_own_s(self) -> float:
+        """Like ``late_total_s``, but each frame's lateness counted from when the emulator
+        could first release it (its deadline, or when the event loop next ran it if other
+        work held the loop): the emulator's own error, added up."""
+        return self._scheduler.late_own_s
+
 
 class EmulatedTransport(Transport):
     """Wraps the transport of the scheme after ``emu+``."""
@@ -277,7 +325,7 @@ class EmulatedTransport(Transport):
     @staticmethod
     def links(address: Address) -> tuple[LinkModel, LinkModel]:
         opts = address.options
-        unknown = set(opts) - {"rtt", "bw", "jitter", "mode", "seed"}
+        unknown = set(opts) - {"rtt", "bw", "jitter", "mode", "seed"} - _INNER_OPTIONS
         if unknown:
             raise ConfigError(f"unknown emulator option(s): {', '.join(sorted(unknown))}")
         rtt = parse_duration(opts.get("rtt", "0"))

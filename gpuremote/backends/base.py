@@ -58,6 +58,11 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def device_info(self) -> DeviceInfo: ...
 
+    def timing(self) -> tuple[float, float]:
+        """(device seconds queued so far, seconds spent waiting for the device so far) on a
+        simulated device that times itself (``sim:a100``); (0, 0) where not known."""
+        return 0.0, 0.0
+
     def batch(self) -> contextlib.AbstractContextManager[Any]:
         """Context around running one batch (e.g. floating-point error settings)."""
         return contextlib.nullcontext()

@@ -7,6 +7,16 @@ when the work before them has, and ``wait_event`` makes a stream wait for anothe
 timing behaviour of a CUDA device, so that whatever would block the proxy on a GPU blocks it
 here too. ``--backend sim`` or ``sim:op_us=50``; ``sim:check`` adds the checker of
 ``simcheck`` (options combine: ``sim:check,op_us=50``).
+
+``sim:a100`` (``v100``, ``h100``; ``gpuremote.backends.profiles``) times the device as that GPU
+would: each op, copy and memset is stamped, when it is queued, with its completion time on a
+virtual clock per stream (``max(now, the stream's previous completion) + its roofline time``),
+and only the calls that wait for the device (``synchronize``, ``to_host``, events) wait, until
+that time, polling the clock in the thread that waits anyway. Nothing sleeps per op, and no
+thread spins while another of its process needs the GIL unless it is itself waiting.
+``compute=0`` (``sim:a100,compute=0``) is timing only: ops and copies take their simulated
+time and nothing else, results are not computed (array contents are undefined), so that the
+host's own arithmetic does not add to the device's time.
 """
 
 from __future__ import annotations
@@ -22,10 +32,25 @@ import numpy as np
 
 from .base import BackendError, DeviceInfo
 from .numpy_backend import NumpyBackend
+from .profiles import PROFILES, DeviceProfile, copy_time, op_time
 
 __all__ = ["SimBackend", "SimOptions", "parse_sim"]
 
 _STOP = object()
+#: a wait longer than this sleeps first, to this much before its deadline (a sleep overshoots
+#: by ~90 µs here, see shared/notes/timing.md), then polls the clock
+_SLEEP_MARGIN_S = 300e-6
+
+
+def wait_until(deadline: float) -> float:
+    """Return at ``deadline`` (``time.perf_counter()`` seconds), to a fraction of a µs;
+    returns how long it waited."""
+    t0 = now = time.perf_counter()
+    if deadline - now > 2 * _SLEEP_MARGIN_S:
+        time.sleep(deadline - now - _SLEEP_MARGIN_S)
+    while now < deadline:
+        now = time.perf_counter()
+    return max(0.0, now - t0)
 
 
 class _Stream:
@@ -35,6 +60,7 @@ class _Stream:
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._cond = threading.Condition()
         self._queued = 0  # jobs put and not yet finished
+        self.ready_at = 0.0  # with a profile: when the device finishes what was queued
         self.error: BaseException | None = None  # the first failure, raised at the next wait
         self._thread = threading.Thread(target=self._device, name="gpuremote-sim", daemon=True)
         self._thread.start()
@@ -78,11 +104,12 @@ class _Stream:
 
 
 class _Event:
-    __slots__ = ("done",)
+    __slots__ = ("at", "done")
 
     def __init__(self) -> None:
         self.done = threading.Event()
         self.done.set()  # never recorded: complete, as cudaEventQuery says
+        self.at = 0.0  # with a profile: when the work before it completes
 
 
 class SimBackend(NumpyBackend):
@@ -91,37 +118,82 @@ class SimBackend(NumpyBackend):
     name = "sim"
     queues_work = True
 
-    def __init__(self, op_us: float = 0.0) -> None:
+    def __init__(
+        self, op_us: float = 0.0, profile: DeviceProfile | None = None, compute: bool = True
+    ) -> None:
         super().__init__()
         if op_us < 0:
             raise BackendError(f"sim: op_us must be >= 0, not {op_us}")
         self.op_s = op_us / 1e6
+        self.profile = profile
+        self.compute = compute
+        self.queued_s = 0.0  # simulated device time queued so far (with a profile)
+        self.waited_s = 0.0  # time spent waiting for the simulated device so far
 
     def device_info(self) -> DeviceInfo:
+        p = self.profile
+        note = f"op_us={self.op_s * 1e6:g}" if p is None else f"profile={p.name}"
+        if not self.compute:
+            note += ", timing only (results not computed)"
         return DeviceInfo(
-            backend=self.name,
-            device="simulated device (NumPy memory, a queue per stream)",
-            total_memory=0,
+            backend=self.name if p is None else f"{self.name}:{p.name}",
+            device="simulated device (NumPy memory, a queue per stream)"
+            if p is None
+            else p.description,
+            total_memory=0 if p is None else p.memory,
             compute_capability="",
-            note=f"op_us={self.op_s * 1e6:g}",
+            note=note,
         )
+
+    def timing(self) -> tuple[float, float]:
+        return self.queued_s, self.waited_s
+
+    # -- the virtual clock (with a profile) -------------------------------------------------
+    def _stamp(self, stream: Any, seconds: float) -> None:
+        """Queue ``seconds`` of device time on ``stream``'s clock."""
+        stream.ready_at = max(time.perf_counter(), stream.ready_at) + seconds
+        self.queued_s += seconds
+
+    def _put(self, stream: Any, job: Callable[[], None], seconds: float) -> None:
+        if self.profile is not None:
+            self._stamp(stream, seconds)
+            if not self.compute:
+                return
+        stream.put(job)
+
+    def _wait(self, stream: Any) -> None:
+        """Until ``stream``'s queued work has run, and (with a profile) its clock says so."""
+        stream.wait()
+        if self.profile is not None:
+            self.waited_s += wait_until(stream.ready_at)
+
+    def adopt_host(self, host: np.ndarray[Any, Any]) -> Any | None:
+        # with a profile every upload is a timed copy: never adopted
+        return None if self.profile is not None else super().adopt_host(host)
 
     def _work(self) -> None:
         if self.op_s:
             time.sleep(self.op_s)
 
     # -- queued work -----------------------------------------------------------------------
+    def _copy_s(self, nbytes: int, kind: str) -> float:
+        return 0.0 if self.profile is None else copy_time(self.profile, nbytes, kind)
+
     def from_host(self, dst: Any, src: np.ndarray[Any, Any], stream: Any) -> None:
-        stream.put(lambda: np.copyto(dst, src, casting="no"))
+        self._put(
+            stream, lambda: np.copyto(dst, src, casting="no"), self._copy_s(src.nbytes, "h2d")
+        )
 
     def copy(self, dst: Any, src: Any, stream: Any) -> None:
-        stream.put(lambda: np.copyto(dst, src, casting="no"))
+        self._put(
+            stream, lambda: np.copyto(dst, src, casting="no"), self._copy_s(src.nbytes, "d2d")
+        )
 
     def memset(self, buf: Any, offset: int, nbytes: int, value: int, stream: Any) -> None:
         def job() -> None:
             buf[offset : offset + nbytes] = value
 
-        stream.put(job)
+        self._put(stream, job, self._copy_s(nbytes, "memset"))
 
     def run_op(
         self, op: Any, ins: Sequence[Any], outs: Sequence[Any], params: dict[str, Any], stream: Any
@@ -130,19 +202,43 @@ class SimBackend(NumpyBackend):
             op.run(np, ins, outs, params)
             self._work()
 
-        stream.put(job)
+        seconds = 0.0
+        if self.profile is not None:
+            seconds = op_time(
+                self.profile,
+                op.name,
+                [(x.shape, x.dtype) for x in ins],
+                [(x.shape, x.dtype) for x in outs],
+                params,
+            )
+        self._put(stream, job, seconds)
 
     # -- waiting ---------------------------------------------------------------------------
     def to_host(self, src: Any, stream: Any) -> np.ndarray[Any, Any]:
-        stream.wait()
+        if self.profile is not None:
+            self._stamp(stream, self._copy_s(src.nbytes, "d2h"))
+        self._wait(stream)
         return np.array(src, copy=True)
 
     def run_dynamic(
         self, op: Any, ins: Sequence[Any], params: dict[str, Any], stream: Any, budget: int
     ) -> list[Any]:
-        stream.wait()
+        self._wait(stream)
         self._work()
-        return super().run_dynamic(op, ins, params, stream, budget)
+        outs = super().run_dynamic(op, ins, params, stream, budget)
+        if self.profile is not None:  # the op itself, then its results' sizes come back
+            self._stamp(
+                stream,
+                op_time(
+                    self.profile,
+                    op.name,
+                    [(x.shape, x.dtype) for x in ins],
+                    [(x.shape, x.dtype) for x in outs],
+                    params,
+                ),
+            )
+            self._wait(stream)
+        return outs
 
     def create_stream(self) -> Any:
         return _Stream()
@@ -156,31 +252,43 @@ class SimBackend(NumpyBackend):
             stream.stop()
 
     def synchronize(self, stream: Any) -> None:
-        stream.wait()
+        self._wait(stream)
 
     def create_event(self) -> Any:
         return _Event()
 
     def record_event(self, event: Any, stream: Any) -> None:
+        event.at = max(time.perf_counter(), stream.ready_at)
+        if self.profile is not None and not self.compute:
+            return
         event.done.clear()
         stream.put(event.done.set)
 
     def wait_event(self, stream: Any, event: Any) -> None:
+        stream.ready_at = max(stream.ready_at, event.at)
+        if self.profile is not None and not self.compute:
+            return
         stream.put(event.done.wait)
 
     def query_event(self, event: Any) -> bool:
+        if self.profile is not None and time.perf_counter() < event.at:
+            return False
         return bool(event.done.is_set())
 
 
 @dataclass(frozen=True)
 class SimOptions:
     """The options of a ``sim`` backend spec: ``sim``, ``sim:op_us=50``, ``sim:check``,
-    ``sim:check,op_us=50`` (in any order)."""
+    ``sim:check,op_us=50``, ``sim:a100``, ``sim:a100,compute=0`` (in any order)."""
 
     #: each op takes this many microseconds more on its stream (a kernel's duration)
     op_us: float = 0.0
     #: the checker (``gpuremote.backends.simcheck``): pool with poisoning, race detector
     check: bool = False
+    #: a device profile (``gpuremote.backends.profiles``): device time by roofline
+    profile: DeviceProfile | None = None
+    #: with a profile, ``False``: timing only, results not computed
+    compute: bool = True
 
     @classmethod
     def parse(cls, spec: str) -> SimOptions:
@@ -191,10 +299,15 @@ class SimOptions:
         values: dict[str, Any] = {}
         for item in filter(None, (i.strip() for i in rest.split(","))):
             key, eq, value = item.partition("=")
-            if key in values:
-                raise BackendError(f"sim: {key} is given twice in {spec!r}")
+            field = "profile" if key in PROFILES and not eq else key
+            if field in values:
+                raise BackendError(f"sim: {field} is given twice in {spec!r}")
             if key == "check" and not eq:
                 values["check"] = True
+            elif field == "profile":
+                values["profile"] = PROFILES[key]
+            elif key == "compute" and value in ("0", "1"):
+                values["compute"] = value == "1"
             elif key == "op_us" and eq:
                 try:
                     values["op_us"] = float(value)
@@ -202,16 +315,24 @@ class SimOptions:
                     raise BackendError(f"sim: op_us={value!r} is not a number") from None
             else:
                 raise BackendError(
-                    f"sim takes check and op_us=<microseconds> (sim:check,op_us=50), not {item!r}"
+                    f"sim takes check, op_us=<microseconds>, a device profile "
+                    f"({', '.join(PROFILES)}) and compute=0|1 (sim:check,op_us=50; "
+                    f"sim:a100,compute=0), not {item!r}"
                 )
-        return cls(**values)
+        options = cls(**values)
+        if not options.compute and options.profile is None:
+            raise BackendError("sim: compute=0 needs a device profile (e.g. sim:a100,compute=0)")
+        if options.check and options.profile is not None:
+            raise BackendError("sim: check and a device profile do not combine (yet)")
+        return options
 
 
 def parse_sim(spec: str) -> SimBackend:
-    """The backend of ``spec``: ``sim``, ``sim:op_us=50``, ``sim:check,op_us=50``."""
+    """The backend of ``spec``: ``sim``, ``sim:op_us=50``, ``sim:check,op_us=50``,
+    ``sim:a100`` (a device profile: ``v100``, ``a100``, ``h100``), ``sim:a100,compute=0``."""
     options = SimOptions.parse(spec)
     if options.check:
         from .simcheck import SimCheckBackend
 
         return SimCheckBackend(options.op_us)
-    return SimBackend(options.op_us)
+    return SimBackend(options.op_us, options.profile, options.compute)
