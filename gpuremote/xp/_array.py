@@ -10,16 +10,13 @@ from __future__ import annotations
 import operator
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from ..client import ArrayMetadata, _dtype_name
+from ..arraycore import ArrayRef
 from ..errors import LocalProtocolError
 from ._dtypes import DType, wrap
-
-if TYPE_CHECKING:
-    from ._device import Buffer, Device
 
 __all__ = ["Array", "encode_index"]
 
@@ -63,30 +60,26 @@ def encode_index(key: Any, shape: tuple[int, ...]) -> tuple[list[int], tuple[int
     return flat, (*out, *shape[dim:])
 
 
-class Array(ArrayMetadata):
-    """An array on a gpuremote device; see the module docstring."""
+class Array(ArrayRef):
+    """An array on a gpuremote device (the array core's, ``gpuremote.arraycore``); see the
+    module docstring."""
 
-    __slots__ = ("__weakref__", "_buf", "_device", "_dtype", "_wire", "shape")
+    __slots__ = ()
     __array_ufunc__ = None  # NumPy operators defer to ours (no silent download)
     __hash__ = None  # type: ignore[assignment]
 
-    def __init__(
-        self, device: Device, buf: Buffer, shape: tuple[int, ...], dtype: np.dtype[Any]
-    ) -> None:
-        self._device = device
-        self._buf = buf
-        self.shape = shape
-        self._dtype = dtype
-        self._wire = [buf.handle, 0, list(shape), _dtype_name(dtype)]
+    @property
+    def _device(self) -> Any:  # the Device (``_device`` imports this module)
+        return self._core.owner
 
     @property
-    def dtype(self) -> DType:  # type: ignore[override]
+    def dtype(self) -> DType:
         """The data type (one of the namespace's, such as ``xp.float32``)."""
         return wrap(self._dtype)
 
     # -- metadata (local; ndim, size and nbytes come from ArrayMetadata) ---------------------
     @property
-    def device(self) -> Device:
+    def device(self) -> Any:
         """The device the array lives on."""
         return self._device
 
@@ -95,12 +88,13 @@ class Array(ArrayMetadata):
         """The transpose of a 2-D array."""
         if self.ndim != 2:
             raise ValueError(f".T needs a 2-D array, got {self.ndim} dimensions (use .mT)")
-        return _f.matrix_transpose(self)
+        return self.mT
 
     @property
     def mT(self) -> Array:
         """The last two axes swapped."""
-        return _f.matrix_transpose(self)
+        out: Array = self._core.launch("matrix_transpose", [self], {})[0]
+        return out
 
     def __array_namespace__(self, api_version: str | None = None) -> Any:
         if api_version not in (None, "2023.12", "2024.12"):
@@ -130,11 +124,10 @@ class Array(ArrayMetadata):
             return self._device.fetch(self)
         if device is self._device:
             return self
-        from ._device import Device
-
-        if not isinstance(device, Device):
+        copy_from = getattr(device, "copy_from", None)
+        if copy_from is None:
             raise ValueError(f"{device!r} is not a gpuremote.xp device")
-        return device.copy_from(self)
+        return copy_from(self)
 
     def __dlpack__(
         self,
@@ -252,160 +245,165 @@ class Array(ArrayMetadata):
 
     # -- operators -------------------------------------------------------------------------
     def __add__(self, other: Any) -> Array:
-        return _f._binary("add", self, other)
+        return self._op("add", self, other)
 
     def __radd__(self, other: Any) -> Array:
-        return _f._binary("add", other, self)
+        return self._op("add", other, self)
 
     def __iadd__(self, other: Any) -> Array:
-        return _f._binary("add", self, other, into=self)
+        return self._op("add", self, other, self)
 
     def __sub__(self, other: Any) -> Array:
-        return _f._binary("subtract", self, other)
+        return self._op("subtract", self, other)
 
     def __rsub__(self, other: Any) -> Array:
-        return _f._binary("subtract", other, self)
+        return self._op("subtract", other, self)
 
     def __isub__(self, other: Any) -> Array:
-        return _f._binary("subtract", self, other, into=self)
+        return self._op("subtract", self, other, self)
 
     def __mul__(self, other: Any) -> Array:
-        return _f._binary("multiply", self, other)
+        return self._op("multiply", self, other)
 
     def __rmul__(self, other: Any) -> Array:
-        return _f._binary("multiply", other, self)
+        return self._op("multiply", other, self)
 
     def __imul__(self, other: Any) -> Array:
-        return _f._binary("multiply", self, other, into=self)
+        return self._op("multiply", self, other, self)
 
     def __truediv__(self, other: Any) -> Array:
-        return _f._binary("divide", self, other)
+        return self._op("divide", self, other)
 
     def __rtruediv__(self, other: Any) -> Array:
-        return _f._binary("divide", other, self)
+        return self._op("divide", other, self)
 
     def __itruediv__(self, other: Any) -> Array:
-        return _f._binary("divide", self, other, into=self)
+        return self._op("divide", self, other, self)
 
     def __floordiv__(self, other: Any) -> Array:
-        return _f._binary("floor_divide", self, other)
+        return self._op("floor_divide", self, other)
 
     def __rfloordiv__(self, other: Any) -> Array:
-        return _f._binary("floor_divide", other, self)
+        return self._op("floor_divide", other, self)
 
     def __ifloordiv__(self, other: Any) -> Array:
-        return _f._binary("floor_divide", self, other, into=self)
+        return self._op("floor_divide", self, other, self)
 
     def __mod__(self, other: Any) -> Array:
-        return _f._binary("remainder", self, other)
+        return self._op("remainder", self, other)
 
     def __rmod__(self, other: Any) -> Array:
-        return _f._binary("remainder", other, self)
+        return self._op("remainder", other, self)
 
     def __imod__(self, other: Any) -> Array:
-        return _f._binary("remainder", self, other, into=self)
+        return self._op("remainder", self, other, self)
 
     def __pow__(self, other: Any) -> Array:
-        return _f._binary("pow", self, other)
+        return self._op("pow", self, other)
 
     def __rpow__(self, other: Any) -> Array:
-        return _f._binary("pow", other, self)
+        return self._op("pow", other, self)
 
     def __ipow__(self, other: Any) -> Array:
-        return _f._binary("pow", self, other, into=self)
+        return self._op("pow", self, other, self)
 
     def __matmul__(self, other: Any) -> Array:
-        return _f.matmul(self, other)
+        return self._op("matmul", self, other)
 
     def __rmatmul__(self, other: Any) -> Array:
-        return _f.matmul(other, self)
+        return self._op("matmul", other, self)
 
     def __imatmul__(self, other: Any) -> Array:
-        return self._device.launch("matmul", [self, _f._array_like(other, self)], {}, into=self)[0]
+        return self._op("matmul", self, other, self)
 
     def __and__(self, other: Any) -> Array:
-        return _f._binary("bitwise_and", self, other)
+        return self._op("bitwise_and", self, other)
 
     def __rand__(self, other: Any) -> Array:
-        return _f._binary("bitwise_and", other, self)
+        return self._op("bitwise_and", other, self)
 
     def __iand__(self, other: Any) -> Array:
-        return _f._binary("bitwise_and", self, other, into=self)
+        return self._op("bitwise_and", self, other, self)
 
     def __or__(self, other: Any) -> Array:
-        return _f._binary("bitwise_or", self, other)
+        return self._op("bitwise_or", self, other)
 
     def __ror__(self, other: Any) -> Array:
-        return _f._binary("bitwise_or", other, self)
+        return self._op("bitwise_or", other, self)
 
     def __ior__(self, other: Any) -> Array:
-        return _f._binary("bitwise_or", self, other, into=self)
+        return self._op("bitwise_or", self, other, self)
 
     def __xor__(self, other: Any) -> Array:
-        return _f._binary("bitwise_xor", self, other)
+        return self._op("bitwise_xor", self, other)
 
     def __rxor__(self, other: Any) -> Array:
-        return _f._binary("bitwise_xor", other, self)
+        return self._op("bitwise_xor", other, self)
 
     def __ixor__(self, other: Any) -> Array:
-        return _f._binary("bitwise_xor", self, other, into=self)
+        return self._op("bitwise_xor", self, other, self)
 
     def __lshift__(self, other: Any) -> Array:
-        return _f._binary("bitwise_left_shift", self, other)
+        return self._op("bitwise_left_shift", self, other)
 
     def __rlshift__(self, other: Any) -> Array:
-        return _f._binary("bitwise_left_shift", other, self)
+        return self._op("bitwise_left_shift", other, self)
 
     def __ilshift__(self, other: Any) -> Array:
-        return _f._binary("bitwise_left_shift", self, other, into=self)
+        return self._op("bitwise_left_shift", self, other, self)
 
     def __rshift__(self, other: Any) -> Array:
-        return _f._binary("bitwise_right_shift", self, other)
+        return self._op("bitwise_right_shift", self, other)
 
     def __rrshift__(self, other: Any) -> Array:
-        return _f._binary("bitwise_right_shift", other, self)
+        return self._op("bitwise_right_shift", other, self)
 
     def __irshift__(self, other: Any) -> Array:
-        return _f._binary("bitwise_right_shift", self, other, into=self)
+        return self._op("bitwise_right_shift", self, other, self)
 
     def __eq__(self, other: Any) -> Array:  # type: ignore[override]
-        return _f._binary("equal", self, other)
+        return self._op("equal", self, other)
 
     def __ne__(self, other: Any) -> Array:  # type: ignore[override]
-        return _f._binary("not_equal", self, other)
+        return self._op("not_equal", self, other)
 
     def __lt__(self, other: Any) -> Array:
-        return _f._binary("less", self, other)
+        return self._op("less", self, other)
 
     def __le__(self, other: Any) -> Array:
-        return _f._binary("less_equal", self, other)
+        return self._op("less_equal", self, other)
 
     def __gt__(self, other: Any) -> Array:
-        return _f._binary("greater", self, other)
+        return self._op("greater", self, other)
 
     def __ge__(self, other: Any) -> Array:
-        return _f._binary("greater_equal", self, other)
+        return self._op("greater_equal", self, other)
 
     def __neg__(self) -> Array:
-        return _f._unary("negative", self)
+        return self._op("negative", self)
 
     def __pos__(self) -> Array:
-        return _f._unary("positive", self)
+        return self._op("positive", self)
 
     def __abs__(self) -> Array:
-        return _f._unary("abs", self)
+        return self._op("abs", self)
 
     def __invert__(self) -> Array:
-        return _f._unary("bitwise_invert", self)
+        return self._op("bitwise_invert", self)
 
     def reshape(self, *shape: Any) -> Array:
         """A view with another shape (local: our arrays are contiguous)."""
         dims = shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape
-        return _f.reshape(self, tuple(dims))
+        out: Array = self._core.reshape(self, dims)
+        return out
+
+    def _op(self, name: str, *inputs: Any) -> Array:
+        """Operator ``name`` on ``inputs`` (arrays, Python scalars, NumPy arrays), into the
+        array given after them, if any (the in-place operators)."""
+        into = inputs[2] if len(inputs) == 3 else None
+        out: Array = self._core.apply(name, inputs[:2], {}, into, host=False)
+        return out
 
     def _check_open(self) -> None:
         if self._device.closed:
             raise LocalProtocolError(f"the array's device {self._device.url} is closed")
-
-
-from . import _functions as _f  # noqa: E402  (the functions use Array)
