@@ -43,6 +43,7 @@ def __getattr__(name: str) -> Any:
         return Proxy
     raise AttributeError(f"module 'gpuremote' has no attribute {name!r}")
 
+
 __all__ = [
     "CALLS",
     "GPU",
