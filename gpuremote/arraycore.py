@@ -27,7 +27,7 @@ import contextlib
 import math
 import operator
 from collections.abc import Callable, Generator, Sequence
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import numpy as np
 
@@ -193,10 +193,15 @@ def scalar_param(dt: np.dtype[Any], value: Any) -> Any:
     carries: a NumPy scalar as its Python value, an ``int`` beyond the wire's range (only
     possible next to floating-point arrays) as a ``float``. ``None`` for a ``complex``, which
     the wire cannot carry as a param (send it as an array of ``scalar_dtype``)."""
+    t = type(value)
+    if t is float and dt.kind in "fc":  # the common cases first, without a call
+        return value
+    if t is int and dt.kind in "fc" and _WIRE_INT_MIN <= value <= _WIRE_INT_MAX:
+        return value
     if isinstance(value, np.generic):
         value = value.item()
+        t = type(value)
     ops.scalar_dtype(dt, value)
-    t = type(value)
     if t is int and not _WIRE_INT_MIN <= value <= _WIRE_INT_MAX:
         return float(value)  # OverflowError beyond float's range, as NumPy raises
     if t is complex:
@@ -260,7 +265,7 @@ Reply = tuple[Any, list[memoryview]]
 Steps = Generator[Call, Reply, Any]
 
 
-def _raise_local(exc: OpError) -> None:
+def _raise_local(exc: OpError) -> NoReturn:
     """The standard's exception type for what an op's checks refused."""
     if isinstance(exc, OpTypeError):
         raise TypeError(str(exc)) from None
@@ -274,7 +279,7 @@ class Core:
     frees a buffer later, from any thread (a garbage array's); ``make(core, buf, shape,
     dtype, offset)`` makes the front end's array type; ``owner`` is the front end object."""
 
-    __slots__ = ("copies", "make", "owner", "post", "release", "session")
+    __slots__ = ("copies", "make", "new_handle", "owner", "post", "release", "session")
 
     def __init__(
         self,
@@ -287,6 +292,7 @@ class Core:
     ) -> None:
         self.owner = owner
         self.session = session
+        self.new_handle = session.new_handle
         self.post = post
         self.release = release
         self.make = make
@@ -298,7 +304,7 @@ class Core:
         nbytes = dt.itemsize
         for d in shape:
             nbytes *= d
-        buf = Buffer(self.release, self.session.new_handle(), nbytes)
+        buf = Buffer(self.release, self.new_handle(), nbytes)
         return self.make(self, buf, shape, dt)
 
     def empty(self, shape: tuple[int, ...], dt: np.dtype[Any]) -> Any:
@@ -392,7 +398,6 @@ class Core:
             return infer(name, [a._meta for a in arrays], params)
         except OpError as exc:
             _raise_local(exc)
-            raise  # unreachable
 
     def operands(
         self, name: str, inputs: Sequence[Any], params: dict[str, Any], host: bool = True
@@ -402,14 +407,18 @@ class Core:
         ``scalar_param``; ``reverse`` when it comes first), else an array of the dtype the
         standard gives it; host data (NumPy arrays; anything array-like with ``host``) is
         uploaded, anything else is a ``TypeError``."""
-        like = next((x for x in inputs if isinstance(x, ArrayRef)), None)
+        like = None
+        for x in inputs:
+            if isinstance(x, ArrayRef):
+                like = x
+                break
         spec = ops.OPS.get(name)
         takes_scalar = spec is not None and "scalar" in spec.params
         arrays: list[Any] = []
         for i, x in enumerate(inputs):
             if isinstance(x, ArrayRef):
                 arrays.append(x)
-            elif _is_scalar(x) and like is not None:
+            elif like is not None and _is_scalar(x):
                 v = scalar_param(like._dtype, x)
                 if v is not None and takes_scalar and "scalar" not in params:
                     params["scalar"] = v
@@ -441,15 +450,26 @@ class Core:
             if a._core is not self:
                 here, there = getattr(a._core.owner, "url", ""), getattr(self.owner, "url", "")
                 raise ValueError(f"arrays on two devices ({here} and {there}) cannot be combined")
-        metas = self.meta(name, arrays, params)
-        wires = [a._desc() for a in arrays]  # raises for a freed input, before anything exists
+            if a._buf.freed:  # before anything exists
+                a._desc()
+        try:
+            outs_meta = infer(name, [a._meta for a in arrays], params)
+        except OpError as exc:
+            _raise_local(exc)
+        wires = [a._wire for a in arrays]
         if into is None:
-            outs = [self.new(shape, dt) for shape, dt in metas]
+            outs = []
+            new_handle, release, make = self.new_handle, self.release, self.make
+            for shape, dt in outs_meta:
+                nbytes = dt.itemsize
+                for d in shape:
+                    nbytes *= d
+                outs.append(make(self, Buffer(release, new_handle(), nbytes), shape, dt))
             self.post(_LAUNCH_NEW, stream, [name, wires, [o._wire for o in outs], params], None)
             return outs
-        if len(metas) != len(into) or any(m != o._meta for m, o in zip(metas, into)):  # noqa: B905
+        if len(outs_meta) != len(into) or any(m != o._meta for m, o in zip(outs_meta, into)):  # noqa: B905
             got = [(o.shape, o._dtype) for o in into]
-            raise ValueError(f"{name} writes {metas}; the outputs given are {got}")
+            raise ValueError(f"{name} writes {outs_meta}; the outputs given are {got}")
         for o in into:
             o._buf.invalidate()
         self.post(_LAUNCH, stream, [name, wires, [o._desc() for o in into], params], None)
@@ -466,8 +486,29 @@ class Core:
     ) -> Any:
         """``operands`` then ``launch`` of an op with one output: the path of every
         operator and function of both front ends."""
-        arrays = self.operands(name, inputs, params, host)
-        outs = self.launch(name, arrays, params, None if into is None else [into], stream)
+        arrays: Sequence[Any] = inputs
+        if len(inputs) == 2:  # the operators' case first: an array and an array or a number
+            x1, x2 = inputs
+            if isinstance(x1, ArrayRef):
+                if not isinstance(x2, ArrayRef):
+                    t = type(x2)
+                    if (
+                        (t is float or t is int)
+                        and name in _TAKES_SCALAR
+                        and "scalar" not in params
+                    ):
+                        params["scalar"] = scalar_param(x1._dtype, x2)
+                        arrays = (x1,)
+                    else:
+                        arrays = self.operands(name, inputs, params, host)
+            else:
+                arrays = self.operands(name, inputs, params, host)
+        else:
+            for x in inputs:
+                if not isinstance(x, ArrayRef):
+                    arrays = self.operands(name, inputs, params, host)
+                    break
+        outs = self.launch(name, arrays, params, None if into is None else (into,), stream)
         if len(outs) != 1:
             raise ValueError(f"{name} writes {len(outs)} outputs; use launch()")
         return outs[0]
@@ -477,7 +518,7 @@ class Core:
     ) -> Steps:
         """Run op ``name``, whose output shapes depend on the data (one SYNC call)."""
         self.meta(name, arrays, params)
-        handles = [self.session.new_handle() for _ in range(n_out)]
+        handles = [self.new_handle() for _ in range(n_out)]
         value, _ = yield (
             self,
             _DYNAMIC,
@@ -509,6 +550,10 @@ class Core:
             target.post(_H2D, 0, [out._wire, BUFFER], bufs[value])
             how = f"through the client ({exc.message})"
         return out, how
+
+
+#: the ops that take a Python scalar as their ``scalar`` param
+_TAKES_SCALAR = frozenset(name for name, op in ops.OPS.items() if "scalar" in op.params)
 
 
 # -- output metadata, remembered ----------------------------------------------------------------

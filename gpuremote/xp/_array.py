@@ -245,163 +245,156 @@ class Array(ArrayRef):
 
     # -- operators -------------------------------------------------------------------------
     def __add__(self, other: Any) -> Array:
-        return self._op("add", self, other)
+        return self._core.apply("add", (self, other), {}, None, 0, False)
 
     def __radd__(self, other: Any) -> Array:
-        return self._op("add", other, self)
+        return self._core.apply("add", (other, self), {}, None, 0, False)
 
     def __iadd__(self, other: Any) -> Array:
-        return self._op("add", self, other, self)
+        return self._core.apply("add", (self, other), {}, self, 0, False)
 
     def __sub__(self, other: Any) -> Array:
-        return self._op("subtract", self, other)
+        return self._core.apply("subtract", (self, other), {}, None, 0, False)
 
     def __rsub__(self, other: Any) -> Array:
-        return self._op("subtract", other, self)
+        return self._core.apply("subtract", (other, self), {}, None, 0, False)
 
     def __isub__(self, other: Any) -> Array:
-        return self._op("subtract", self, other, self)
+        return self._core.apply("subtract", (self, other), {}, self, 0, False)
 
     def __mul__(self, other: Any) -> Array:
-        return self._op("multiply", self, other)
+        return self._core.apply("multiply", (self, other), {}, None, 0, False)
 
     def __rmul__(self, other: Any) -> Array:
-        return self._op("multiply", other, self)
+        return self._core.apply("multiply", (other, self), {}, None, 0, False)
 
     def __imul__(self, other: Any) -> Array:
-        return self._op("multiply", self, other, self)
+        return self._core.apply("multiply", (self, other), {}, self, 0, False)
 
     def __truediv__(self, other: Any) -> Array:
-        return self._op("divide", self, other)
+        return self._core.apply("divide", (self, other), {}, None, 0, False)
 
     def __rtruediv__(self, other: Any) -> Array:
-        return self._op("divide", other, self)
+        return self._core.apply("divide", (other, self), {}, None, 0, False)
 
     def __itruediv__(self, other: Any) -> Array:
-        return self._op("divide", self, other, self)
+        return self._core.apply("divide", (self, other), {}, self, 0, False)
 
     def __floordiv__(self, other: Any) -> Array:
-        return self._op("floor_divide", self, other)
+        return self._core.apply("floor_divide", (self, other), {}, None, 0, False)
 
     def __rfloordiv__(self, other: Any) -> Array:
-        return self._op("floor_divide", other, self)
+        return self._core.apply("floor_divide", (other, self), {}, None, 0, False)
 
     def __ifloordiv__(self, other: Any) -> Array:
-        return self._op("floor_divide", self, other, self)
+        return self._core.apply("floor_divide", (self, other), {}, self, 0, False)
 
     def __mod__(self, other: Any) -> Array:
-        return self._op("remainder", self, other)
+        return self._core.apply("remainder", (self, other), {}, None, 0, False)
 
     def __rmod__(self, other: Any) -> Array:
-        return self._op("remainder", other, self)
+        return self._core.apply("remainder", (other, self), {}, None, 0, False)
 
     def __imod__(self, other: Any) -> Array:
-        return self._op("remainder", self, other, self)
+        return self._core.apply("remainder", (self, other), {}, self, 0, False)
 
     def __pow__(self, other: Any) -> Array:
-        return self._op("pow", self, other)
+        return self._core.apply("pow", (self, other), {}, None, 0, False)
 
     def __rpow__(self, other: Any) -> Array:
-        return self._op("pow", other, self)
+        return self._core.apply("pow", (other, self), {}, None, 0, False)
 
     def __ipow__(self, other: Any) -> Array:
-        return self._op("pow", self, other, self)
+        return self._core.apply("pow", (self, other), {}, self, 0, False)
 
     def __matmul__(self, other: Any) -> Array:
-        return self._op("matmul", self, other)
+        return self._core.apply("matmul", (self, other), {}, None, 0, False)
 
     def __rmatmul__(self, other: Any) -> Array:
-        return self._op("matmul", other, self)
+        return self._core.apply("matmul", (other, self), {}, None, 0, False)
 
     def __imatmul__(self, other: Any) -> Array:
-        return self._op("matmul", self, other, self)
+        return self._core.apply("matmul", (self, other), {}, self, 0, False)
 
     def __and__(self, other: Any) -> Array:
-        return self._op("bitwise_and", self, other)
+        return self._core.apply("bitwise_and", (self, other), {}, None, 0, False)
 
     def __rand__(self, other: Any) -> Array:
-        return self._op("bitwise_and", other, self)
+        return self._core.apply("bitwise_and", (other, self), {}, None, 0, False)
 
     def __iand__(self, other: Any) -> Array:
-        return self._op("bitwise_and", self, other, self)
+        return self._core.apply("bitwise_and", (self, other), {}, self, 0, False)
 
     def __or__(self, other: Any) -> Array:
-        return self._op("bitwise_or", self, other)
+        return self._core.apply("bitwise_or", (self, other), {}, None, 0, False)
 
     def __ror__(self, other: Any) -> Array:
-        return self._op("bitwise_or", other, self)
+        return self._core.apply("bitwise_or", (other, self), {}, None, 0, False)
 
     def __ior__(self, other: Any) -> Array:
-        return self._op("bitwise_or", self, other, self)
+        return self._core.apply("bitwise_or", (self, other), {}, self, 0, False)
 
     def __xor__(self, other: Any) -> Array:
-        return self._op("bitwise_xor", self, other)
+        return self._core.apply("bitwise_xor", (self, other), {}, None, 0, False)
 
     def __rxor__(self, other: Any) -> Array:
-        return self._op("bitwise_xor", other, self)
+        return self._core.apply("bitwise_xor", (other, self), {}, None, 0, False)
 
     def __ixor__(self, other: Any) -> Array:
-        return self._op("bitwise_xor", self, other, self)
+        return self._core.apply("bitwise_xor", (self, other), {}, self, 0, False)
 
     def __lshift__(self, other: Any) -> Array:
-        return self._op("bitwise_left_shift", self, other)
+        return self._core.apply("bitwise_left_shift", (self, other), {}, None, 0, False)
 
     def __rlshift__(self, other: Any) -> Array:
-        return self._op("bitwise_left_shift", other, self)
+        return self._core.apply("bitwise_left_shift", (other, self), {}, None, 0, False)
 
     def __ilshift__(self, other: Any) -> Array:
-        return self._op("bitwise_left_shift", self, other, self)
+        return self._core.apply("bitwise_left_shift", (self, other), {}, self, 0, False)
 
     def __rshift__(self, other: Any) -> Array:
-        return self._op("bitwise_right_shift", self, other)
+        return self._core.apply("bitwise_right_shift", (self, other), {}, None, 0, False)
 
     def __rrshift__(self, other: Any) -> Array:
-        return self._op("bitwise_right_shift", other, self)
+        return self._core.apply("bitwise_right_shift", (other, self), {}, None, 0, False)
 
     def __irshift__(self, other: Any) -> Array:
-        return self._op("bitwise_right_shift", self, other, self)
+        return self._core.apply("bitwise_right_shift", (self, other), {}, self, 0, False)
 
     def __eq__(self, other: Any) -> Array:  # type: ignore[override]
-        return self._op("equal", self, other)
+        return self._core.apply("equal", (self, other), {}, None, 0, False)
 
     def __ne__(self, other: Any) -> Array:  # type: ignore[override]
-        return self._op("not_equal", self, other)
+        return self._core.apply("not_equal", (self, other), {}, None, 0, False)
 
     def __lt__(self, other: Any) -> Array:
-        return self._op("less", self, other)
+        return self._core.apply("less", (self, other), {}, None, 0, False)
 
     def __le__(self, other: Any) -> Array:
-        return self._op("less_equal", self, other)
+        return self._core.apply("less_equal", (self, other), {}, None, 0, False)
 
     def __gt__(self, other: Any) -> Array:
-        return self._op("greater", self, other)
+        return self._core.apply("greater", (self, other), {}, None, 0, False)
 
     def __ge__(self, other: Any) -> Array:
-        return self._op("greater_equal", self, other)
+        return self._core.apply("greater_equal", (self, other), {}, None, 0, False)
 
     def __neg__(self) -> Array:
-        return self._op("negative", self)
+        return self._core.apply("negative", (self,), {}, None, 0, False)
 
     def __pos__(self) -> Array:
-        return self._op("positive", self)
+        return self._core.apply("positive", (self,), {}, None, 0, False)
 
     def __abs__(self) -> Array:
-        return self._op("abs", self)
+        return self._core.apply("abs", (self,), {}, None, 0, False)
 
     def __invert__(self) -> Array:
-        return self._op("bitwise_invert", self)
+        return self._core.apply("bitwise_invert", (self,), {}, None, 0, False)
 
     def reshape(self, *shape: Any) -> Array:
         """A view with another shape (local: our arrays are contiguous)."""
         dims = shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape
         out: Array = self._core.reshape(self, dims)
-        return out
-
-    def _op(self, name: str, *inputs: Any) -> Array:
-        """Operator ``name`` on ``inputs`` (arrays, Python scalars, NumPy arrays), into the
-        array given after them, if any (the in-place operators)."""
-        into = inputs[2] if len(inputs) == 3 else None
-        out: Array = self._core.apply(name, inputs[:2], {}, into, host=False)
         return out
 
     def _check_open(self) -> None:
