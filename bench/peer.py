@@ -51,13 +51,14 @@ def _two_devices(cfg: PeerConfig) -> Iterator[tuple[Any, Any]]:
         f.write(secret)
         f.flush()
         extra = ("--secret-file", f.name, "--quiet")
-        with (
-            LocalProxy("tcp", cfg.backend, extra_args=extra) as p1,
-            LocalProxy("tcp", cfg.backend, extra_args=extra) as p2,
-            xp.Device(p1.url, secret=secret) as d1,
-            xp.Device(p2.url, secret=secret) as d2,
-        ):
-            yield d1, d2
+        with LocalProxy("tcp", cfg.backend, extra_args=extra) as p1:
+            peer = ("--peer", p1.url)  # the second proxy may read from the first
+            with (
+                LocalProxy("tcp", cfg.backend, extra_args=extra + peer) as p2,
+                xp.Device(p1.url, secret=secret) as d1,
+                xp.Device(p2.url, secret=secret) as d2,
+            ):
+                yield d1, d2
 
 
 def _moved(*devices: Any) -> int:

@@ -217,7 +217,7 @@ def fill_param(dt: np.dtype[Any], value: Any) -> Any:
         value = value.item()
     if type(value) is int and not _WIRE_INT_MIN <= value <= _WIRE_INT_MAX:
         if dt.kind in "iub":
-            raise OverflowError(f"Python int {value} is out of the range of {dt}")
+            raise OverflowError(f"Python int {value} is out of the range of {dt}: cannot be sent")
         return float(value)
     return value
 
@@ -465,7 +465,12 @@ class Core:
                 for d in shape:
                     nbytes *= d
                 outs.append(make(self, Buffer(release, new_handle(), nbytes), shape, dt))
-            self.post(_LAUNCH_NEW, stream, [name, wires, [o._wire for o in outs], params], None)
+            try:
+                self.post(_LAUNCH_NEW, stream, [name, wires, [o._wire for o in outs], params], None)
+            except BaseException:
+                for o in outs:
+                    o._buf.detach()  # never made on the proxy: nothing to free
+                raise
             return outs
         if len(outs_meta) != len(into) or any(m != o._meta for m, o in zip(outs_meta, into)):  # noqa: B905
             got = [(o.shape, o._dtype) for o in into]

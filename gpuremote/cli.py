@@ -93,6 +93,7 @@ def _serve(args: argparse.Namespace) -> int:
                 metrics=metrics,
                 secret=secret,
                 drain_s=args.drain_seconds,
+                peers=args.peer,
                 limits=FrameLimits(max_frame_bytes=args.max_frame_bytes)
                 if args.max_frame_bytes
                 else FrameLimits(),
@@ -345,6 +346,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="secret that admin clients (gpuremote top) must present "
         "(default: GPUREMOTE_ADMIN_TOKEN; none: admin calls refused)",
+    )
+    s.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="another proxy this one may copy arrays from (x.to_device(...)); repeatable. "
+        "Without one, proxy-to-proxy copies are refused and go through the client",
     )
     s.add_argument(
         "--metrics-port",

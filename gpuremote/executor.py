@@ -20,7 +20,7 @@ from .backends import Backend
 from .calls import CallClass
 from .framing import DEVICE_DIRECT_MIN, byte_view
 from .ops import OPS, infer
-from .peers import PeerLinks, PeerUnreachable, Tickets
+from .peers import PeerImports, PeerUnreachable, Tickets
 from .protocol import ArrayDesc, BadCommandAt, Command, ErrorInfo, Reply
 
 __all__ = ["PROTOCOL_VERSION", "Executor", "SessionLimits"]
@@ -72,7 +72,7 @@ class Executor:
         info: dict[str, Any] | None = None,
         admin: Callable[[str], dict[str, Any]] | None = None,
         tickets: Tickets | None = None,
-        peers: PeerLinks | None = None,
+        peers: PeerImports | None = None,
         device_io: bool = False,
     ) -> None:
         self.backend = backend
@@ -80,7 +80,8 @@ class Executor:
         #: large uploads arrive in device memory and large downloads leave from it
         self.device_io = device_io and backend.device_allocator() is not None
         self._tickets = tickets
-        self._peers = peers
+        #: this session's reads from other proxies, fetched before the batch that uses them
+        self.peers = peers
         self.info = info or {}
         self._admin = admin
         self.limits = limits
@@ -187,6 +188,8 @@ class Executor:
         """Free everything this session holds (at disconnect)."""
         if self._tickets is not None:
             self._tickets.drop_session(self.session_id)
+        if self.peers is not None:
+            self.peers.clear()
         self.buffers.clear()
         self.nbytes.clear()
         self._views.clear()
@@ -591,7 +594,8 @@ class Executor:
         if self._tickets is None:
             raise CallFailed("this proxy does not export arrays to other proxies")
         nbytes = src.nbytes
-        if self.device_bytes + self._tickets.held_bytes() + nbytes > self.limits.max_device_bytes:
+        held = self._tickets.held_bytes(self.session_id)
+        if self.device_bytes + held + nbytes > self.limits.max_device_bytes:
             raise CallFailed(
                 f"exporting {nbytes} bytes would exceed this session's limit of "
                 f"{self.limits.max_device_bytes} device bytes"
@@ -618,10 +622,10 @@ class Executor:
         return ctx.reply_buffer(byte_view(host))
 
     def _cmd_peer_import(self, ctx: _Ctx, dst: ArrayDesc, url: str, ticket: str) -> int:
-        if self._peers is None:
+        if self.peers is None:
             raise PeerUnreachable("this proxy makes no connections to other proxies")
         view = self._resolve(dst)
-        data = self._peers.fetch(url, ticket)  # raises PeerUnreachable, RemoteCallError
+        data = self.peers.take(url, ticket)  # fetched already; raises what the read met
         if data.nbytes != dst.nbytes:
             raise CallFailed(f"the ticket holds {data.nbytes} bytes; the array has {dst.nbytes}")
         host = np.frombuffer(data, dtype=np.uint8).view(dst.dtype).reshape(dst.shape)

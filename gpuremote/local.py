@@ -10,6 +10,7 @@ previous call returned, and the time the call ran on the device.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -85,7 +86,7 @@ class DirectSession:
         self._handle = 0
         self._closed = False
         self._last = time.perf_counter()
-        self._to_free: list[int] = []
+        self._to_free: deque[int] = deque()  # appended from any thread (finalizers)
         self.notices: list[Any] = []
 
     # -- what GPU uses ---------------------------------------------------------------------
@@ -161,8 +162,8 @@ class DirectSession:
             self._to_free.append(handle)
 
     def _free_released(self) -> None:
-        frees, self._to_free = self._to_free, []
-        for handle in frees:  # traced too: remotely, each is a call
+        while self._to_free:
+            handle = self._to_free.popleft()  # traced too: remotely, each is a call
             t0 = time.perf_counter()
             self.executor.execute([Command(0, _FREE, 0, (handle,), False)], [])
             if self.trace is not None:

@@ -7,9 +7,16 @@ a client of its own (with its own shared secret, which the proxies of a pool hav
 reads the ticket (``peer_read``) and writes the data into the array. The ticket is the
 authority to read: whoever holds it, and can reach A, gets the data once.
 
-``Tickets`` is the exporting side's table; ``PeerLinks`` the importing side's connections to
-other proxies, kept open and run on the proxy's event loop. Neither touches a device: the
-executor does that, and calls ``PeerLinks.fetch`` from a worker thread.
+A proxy reads only from its peers: the URLs it was given (``serve --peer URL``, or the members
+of its pool, which the pool's manager tells it). Any other URL is refused before a connection
+is attempted, so no client can make a proxy dial where it likes.
+
+``Tickets`` is the exporting side's table. ``PeerLinks`` holds the importing side's connections
+to its peers (opened on first use, at most one per peer, closed when idle) and runs on the
+proxy's event loop. ``PeerImports`` is one session's reads: the proxy fetches the data of a
+batch's ``peer_import`` commands on the loop, with a deadline, before the batch runs, so no
+device worker ever waits on the network; the executor then takes the data (or the error) by
+ticket. None of them touches a device.
 """
 
 from __future__ import annotations
@@ -19,26 +26,51 @@ import contextlib
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .calls import CALLS_BY_NAME
+from .errors import ConfigError
+from .protocol import Command
+from .transports import Address
 
 if TYPE_CHECKING:
     from .client import GPU
+    from .protocol import BadCommandAt
 
-__all__ = ["TICKET_TTL_S", "PeerLinks", "PeerUnreachable", "Tickets"]
+__all__ = [
+    "PEER_TIMEOUT_S",
+    "TICKET_TTL_S",
+    "PeerImports",
+    "PeerLinks",
+    "PeerUnreachable",
+    "Tickets",
+    "peer_key",
+]
 
 #: how long an exported array waits to be read before its copy is dropped
 TICKET_TTL_S = 60.0
 #: the most tickets one session may have outstanding (each holds a copy of its array)
 MAX_TICKETS_PER_SESSION = 16
+#: how long one read from a peer may take, connecting included, before it fails
+PEER_TIMEOUT_S = 30.0
+#: a link to a peer unused this long is closed
+LINK_IDLE_S = 60.0
 
 
 class PeerUnreachable(Exception):
-    """The importing proxy could not reach the exporting one (the client then copies the
-    data through itself)."""
+    """The importing proxy could not, or may not, read from the exporting one (the client
+    then copies the data through itself)."""
+
+
+def peer_key(url: str) -> str:
+    """``url`` reduced to what names a proxy (``scheme://host:port``), to compare peers."""
+    try:
+        addr = Address.parse(url)
+    except ConfigError as exc:
+        raise PeerUnreachable(str(exc)) from None
+    return Address(addr.scheme.lower(), addr.host.lower(), addr.port).url()
 
 
 @dataclass(slots=True)
@@ -87,9 +119,13 @@ class Tickets:
             for k in [k for k, t in self._table.items() if t.session == session]:
                 del self._table[k]
 
-    def held_bytes(self) -> int:
+    def held_bytes(self, session: int | None = None) -> int:
+        """Bytes held for unread tickets: of ``session``, else of every session."""
         with self._lock:
-            return sum(t.nbytes for t in self._table.values())
+            self._expire(time.monotonic())
+            return sum(
+                t.nbytes for t in self._table.values() if session is None or t.session == session
+            )
 
     def __len__(self) -> int:
         return len(self._table)
@@ -100,66 +136,118 @@ class Tickets:
 
 
 _PEER_READ = CALLS_BY_NAME["peer_read"]
+_PEER_IMPORT = CALLS_BY_NAME["peer_import"]
 
 
 class PeerLinks:
-    """This proxy's client connections to other proxies, made on first use and kept.
+    """This proxy's client connections to its peers, opened on first use and closed when idle.
 
-    ``connect`` opens one (``gpuremote.client.connect`` with the proxy's secret by default);
-    ``fetch`` is called from a worker thread and runs the read on ``loop``."""
+    ``allowed`` are the peers' URLs (``allow`` replaces them); a read from any other URL is
+    refused before any connection is attempted. ``connect`` opens a link (by default
+    ``gpuremote.client.connect`` with the proxy's secret). Runs on ``loop``."""
 
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
         secret: bytes | None,
-        connect: Callable[[str], Any] | None = None,
-        timeout_s: float = 120.0,
+        connect: Callable[[str], Awaitable[Any]] | None = None,
+        timeout_s: float = PEER_TIMEOUT_S,
+        allowed: Iterable[str] = (),
+        idle_s: float = LINK_IDLE_S,
     ) -> None:
         self._loop = loop
         self._secret = secret
         self._connect = connect
         self.timeout_s = timeout_s
+        self.idle_s = idle_s
+        self._allowed: frozenset[str] = frozenset(peer_key(u) for u in allowed)
         self._links: dict[str, GPU] = {}
+        self._used: dict[str, float] = {}  # link -> when it was last used
+        self._busy: dict[str, int] = {}  # link -> reads under way
         self._opening: dict[str, asyncio.Future[GPU]] = {}
+        self._reaper: asyncio.TimerHandle | None = None
         self.bytes_in = 0  # bytes read from other proxies
+        self.refused = 0  # reads refused: not a peer
 
-    def fetch(self, url: str, ticket: str) -> memoryview:
-        """Read ``ticket`` from the proxy at ``url`` (blocks; never call it on the loop)."""
+    @property
+    def allowed(self) -> frozenset[str]:
+        """The peers this proxy may read from (``scheme://host:port``)."""
+        return self._allowed
+
+    def allow(self, urls: Iterable[str]) -> None:
+        """Make ``urls`` this proxy's peers (replacing the previous ones); links to proxies
+        no longer among them are closed."""
+        self._allowed = frozenset(peer_key(u) for u in urls)
+        for key in [k for k in self._links if k not in self._allowed]:
+            self._drop(key)
+
+    def __len__(self) -> int:
+        return len(self._links)
+
+    def check(self, url: str) -> str:
+        """The peer key of ``url``; ``PeerUnreachable`` if it is not one of the peers."""
+        key = peer_key(url)
+        if key not in self._allowed:
+            self.refused += 1
+            raise PeerUnreachable(
+                f"{key} is not a peer of this proxy (its peers: "
+                f"{', '.join(sorted(self._allowed)) or 'none'}; serve --peer URL adds one, "
+                "and a pool's proxies are each other's peers)"
+            )
+        return key
+
+    async def read(self, url: str, ticket: str) -> memoryview:
+        """The data of ``ticket`` from the peer at ``url``, within ``timeout_s``."""
+        key = self.check(url)
+        self._busy[key] = self._busy.get(key, 0) + 1  # not reaped while a read is under way
         try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is self._loop:
-            raise RuntimeError("PeerLinks.fetch blocks: call it from a worker thread")
-        fut = asyncio.run_coroutine_threadsafe(self._fetch(url, ticket), self._loop)
-        return fut.result(self.timeout_s)
-
-    async def _fetch(self, url: str, ticket: str) -> memoryview:
-        gpu = await self._link(url)
-        value, bufs = await gpu._session.call(_PEER_READ, 0, [ticket])
-        data = bufs[value]
+            async with asyncio.timeout(self.timeout_s):
+                gpu = await self._link(key)
+                value, bufs = await gpu._session.call(_PEER_READ, 0, [ticket])
+        except TimeoutError:
+            self._drop(key)
+            raise PeerUnreachable(
+                f"no answer from the proxy at {key} within {self.timeout_s:g} s"
+            ) from None
+        finally:
+            self._used[key] = self._loop.time()
+            if self._busy[key] == 1:
+                del self._busy[key]
+            else:
+                self._busy[key] -= 1
+        data: memoryview = bufs[value]
         self.bytes_in += data.nbytes
         return data
 
-    async def _link(self, url: str) -> GPU:
-        gpu = self._links.get(url)
+    async def _link(self, key: str) -> GPU:
+        gpu = self._links.get(key)
         if gpu is not None and not gpu._session.closed:
             return gpu
-        opening = self._opening.get(url)
+        opening = self._opening.get(key)
         if opening is not None:
             return await asyncio.shield(opening)
         fut: asyncio.Future[GPU] = self._loop.create_future()
-        self._opening[url] = fut
+        self._opening[key] = fut
         try:
-            gpu = await self._open(url)
+            gpu = await self._open(key)
         except Exception as exc:
-            fut.set_exception(PeerUnreachable(f"cannot reach the proxy at {url}: {exc}"))
+            err = PeerUnreachable(f"cannot reach the proxy at {key}: {exc}")
+            fut.set_exception(err)
             fut.exception()  # retrieved: waiters get it through shield
-            raise PeerUnreachable(f"cannot reach the proxy at {url}: {exc}") from None
+            raise err from None
+        except BaseException:
+            fut.cancel()
+            raise
         finally:
-            self._opening.pop(url, None)
+            self._opening.pop(key, None)
         fut.set_result(gpu)
-        self._links[url] = gpu
+        if key not in self._allowed:  # no longer a peer while it was being opened
+            self._loop.create_task(gpu.aclose())
+            raise PeerUnreachable(f"{key} stopped being a peer of this proxy")
+        self._links[key] = gpu
+        self._used[key] = self._loop.time()
+        if self._reaper is None:
+            self._reaper = self._loop.call_later(self.idle_s, self._reap)
         return gpu
 
     async def _open(self, url: str) -> GPU:
@@ -170,8 +258,74 @@ class PeerLinks:
 
         return await connect(url, secret=self._secret, connect_timeout=5.0)
 
+    def _reap(self) -> None:
+        """Close the links unused for ``idle_s``."""
+        self._reaper = None
+        now = self._loop.time()
+        for key in [
+            k for k, t in self._used.items() if now - t >= self.idle_s and k not in self._busy
+        ]:
+            self._drop(key)
+        if self._links and self._reaper is None:
+            self._reaper = self._loop.call_later(self.idle_s, self._reap)
+
+    def _drop(self, key: str) -> None:
+        self._used.pop(key, None)
+        gpu = self._links.pop(key, None)
+        if gpu is not None:
+            self._loop.create_task(gpu.aclose())
+        if not self._links and self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
+
     async def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
         links, self._links = self._links, {}
+        self._used.clear()
         for gpu in links.values():
             with contextlib.suppress(Exception):  # a link that may be gone already
                 await gpu.aclose()
+
+
+class PeerImports:
+    """One session's reads from peers: ``fetch`` (on the loop) reads the data of a batch's
+    ``peer_import`` commands before the batch runs; ``take`` (the executor, later, on any
+    thread) hands each over by ticket, or raises the error its read met."""
+
+    def __init__(self, links: PeerLinks) -> None:
+        self._links = links
+        self._ready: dict[str, memoryview | BaseException] = {}
+
+    def wanted(self, commands: Sequence[Command | BadCommandAt]) -> bool:
+        """Whether the batch has a ``peer_import`` whose data must be fetched first (never,
+        on a proxy without peers: its imports are refused as they run)."""
+        return bool(self._links.allowed) and any(
+            type(c) is Command and c.spec is _PEER_IMPORT for c in commands
+        )
+
+    async def fetch(self, commands: Sequence[Command | BadCommandAt]) -> None:
+        """Read the data of every ``peer_import`` of ``commands`` (errors kept for ``take``)."""
+        reads = [c.args for c in commands if type(c) is Command and c.spec is _PEER_IMPORT]
+        results = await asyncio.gather(
+            *(self._links.read(url, ticket) for _, url, ticket in reads), return_exceptions=True
+        )
+        for (_, _, ticket), result in zip(reads, results, strict=True):
+            if isinstance(result, asyncio.CancelledError):
+                raise result
+            self._ready[ticket] = result
+
+    def take(self, url: str, ticket: str) -> memoryview:
+        """The data fetched for ``ticket`` from ``url`` (raises what its read raised)."""
+        result = self._ready.pop(ticket, None)
+        if result is None:
+            self._links.check(url)  # not a peer: that is why nothing was fetched
+            raise PeerUnreachable("the data of this import was not fetched")
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def clear(self) -> None:
+        """Drop what was fetched and not taken (the session ended)."""
+        self._ready.clear()

@@ -39,6 +39,7 @@ __all__ = [
     "Command",
     "ErrorInfo",
     "Reply",
+    "check_encodable",
     "decode_greeting",
     "decode_message",
     "decode_replies",
@@ -157,6 +158,12 @@ class DecodeContext(NamedTuple):
 
 # -- encoding ---------------------------------------------------------------------------------
 _pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+
+
+def check_encodable(value: Any) -> None:
+    """Raise what encoding ``value`` into a message would (``OverflowError``, ``TypeError``,
+    ``ValueError``); nothing if it can be sent."""
+    _pack(value)
 
 
 def encode_request(

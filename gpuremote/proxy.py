@@ -19,7 +19,7 @@ import itertools
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from .backends import Backend, get_backend
@@ -30,7 +30,7 @@ from .executor import Executor, SessionLimits
 from .framing import FrameLimits
 from .heap import HeapKeeper, release_free_memory
 from .monitor import totals
-from .peers import PeerLinks, Tickets
+from .peers import PEER_TIMEOUT_S, PeerImports, PeerLinks, Tickets
 from .protocol import encode_fatal, encode_notice
 from .proxysession import ProxySession
 from .scheduler import FairScheduler
@@ -66,6 +66,8 @@ class Proxy:
         inline_us: float = 1000.0,
         max_clients: int | None = None,
         handshake_timeout_s: float | None = 5.0,
+        peers: Iterable[str] = (),
+        peer_timeout_s: float = PEER_TIMEOUT_S,
     ) -> None:
         self.backend = get_backend(backend) if isinstance(backend, str) else backend
         self.admin_token = admin_token or None
@@ -95,12 +97,27 @@ class Proxy:
         )
         self.info: dict[str, Any] = {}  # extra device info sent to clients at hello
         self.tickets = Tickets()  # arrays exported to other proxies
-        self.peers: PeerLinks | None = None  # connections to other proxies, made on the loop
+        #: connections to other proxies, made on the loop; only ``peers`` may be read from
+        self.peers: PeerLinks | None = None
+        self._peer_urls = list(peers)
+        self._peer_timeout_s = peer_timeout_s
+
+    def set_peers(self, urls: Iterable[str]) -> None:
+        """Make ``urls`` the proxies this one may read arrays from (``peer_import``),
+        replacing the previous ones (call it on the proxy's loop once it has started)."""
+        self._peer_urls = list(urls)
+        if self.peers is not None:
+            self.peers.allow(self._peer_urls)
 
     async def start(self, url: str) -> str:
         """Listen at ``url``; returns the URL clients connect to (the real port if it was 0)."""
         if self.peers is None:
-            self.peers = PeerLinks(asyncio.get_running_loop(), self.secret)
+            self.peers = PeerLinks(
+                asyncio.get_running_loop(),
+                self.secret,
+                allowed=self._peer_urls,
+                timeout_s=self._peer_timeout_s,
+            )
         settings = transport_settings(Address.parse(url).scheme)
         listener = await listen(
             url,
@@ -143,7 +160,7 @@ class Proxy:
                 self.info,
                 self._admin,
                 tickets=self.tickets,
-                peers=self.peers,
+                peers=None if self.peers is None else PeerImports(self.peers),
                 device_io=conn.device_memory,
             )
 
@@ -351,6 +368,7 @@ async def serve(
     inline_us: float = 1000.0,
     max_clients: int | None = None,
     handshake_timeout_s: float | None = 5.0,
+    peers: Sequence[str] = (),
 ) -> None:
     """Run a proxy until SIGINT or SIGTERM. ``ready(proxy, bound_urls)`` is called once
     it listens; ``metrics=(host, port)`` also serves Prometheus metrics there."""
@@ -364,6 +382,7 @@ async def serve(
         inline_us=inline_us,
         max_clients=max_clients,
         handshake_timeout_s=handshake_timeout_s,
+        peers=peers,
     )
     raise_open_files_limit()
     bound = [await proxy.start(u) for u in urls]

@@ -100,6 +100,9 @@ class ProxySession:
         self._refused = False
         self._reading_paused = False
         self._frame_started: deque[int] = deque()  # perf_counter_ns at each batch's arrival
+        #: batches held back while the data of a peer_import is fetched (and those after it)
+        self._held: deque[tuple[list[Command | BadCommandAt], list[memoryview]]] = deque()
+        self._fetcher: asyncio.Task[None] | None = None
         self.ready = False  # the handshake is done: the first frame was accepted
         self.final_stats: dict[str, Any] | None = None  # the executor's, at the end
         self._on_handshake_timeout = on_handshake_timeout
@@ -163,6 +166,9 @@ class ProxySession:
             self._deadlines.discard(self)
         if self._drainer is not None:
             self._drainer.cancel()
+        if self._fetcher is not None:
+            self._fetcher.cancel()
+        self._held.clear()
         if self._queue is not None:
             dropped = self._queue.cancel()
             if dropped:
@@ -233,16 +239,44 @@ class ProxySession:
         if local is not None:
             fig.local_calls = local
         self._frame_started.append(t0)
+        peers = self.executor.peers
+        if self._held or (peers is not None and peers.wanted(commands)):
+            # data from other proxies first, on the loop; later batches keep their order
+            self._held.append((commands, frame.buffers))
+            if self._fetcher is None:
+                self._fetcher = self._loop.create_task(self._fetch_held())
+        else:
+            self._dispatch(commands, frame.buffers)
+        if self.queue.in_flight + self._waiting + len(self._held) >= MAX_BATCHES_IN_FLIGHT:
+            self._pause()  # the device is behind: take no more until it catches up
+
+    def _dispatch(self, commands: list[Command | BadCommandAt], buffers: list[memoryview]) -> None:
+        """Hand a batch to the device queue (through the scheduler, where there is one)."""
         queue = self.queue
         if self._scheduler is None:
-            queue.submit(commands, frame.buffers)
+            queue.submit(commands, buffers)
         else:
             cost = queue.estimate(commands)
-            buffers = frame.buffers
             self._waiting += 1
             self._scheduler.run(self.sid, cost, lambda: self._run_batch(commands, buffers, cost))
-        if queue.in_flight + self._waiting >= MAX_BATCHES_IN_FLIGHT:
-            self._pause()  # the device is behind: take no more until it catches up
+
+    async def _fetch_held(self) -> None:
+        """Fetch the peer data of the held batches, then dispatch them, in order."""
+        peers = self.executor.peers
+        assert peers is not None
+        try:
+            while self._held and not self._ended.done():
+                commands, buffers = self._held[0]
+                if peers.wanted(commands):
+                    await peers.fetch(commands)
+                self._held.popleft()
+                if not self._ended.done():
+                    self._dispatch(commands, buffers)
+        except Exception as exc:
+            self._internal_error(exc)
+        finally:
+            self._fetcher = None
+        self._maybe_resume()
 
     def _run_batch(
         self, commands: list[Command | BadCommandAt], buffers: list[memoryview], cost: float
@@ -301,7 +335,7 @@ class ProxySession:
         if (
             self._reading_paused
             and self._drainer is None
-            and self.queue.in_flight + self._waiting < MAX_BATCHES_IN_FLIGHT
+            and self.queue.in_flight + self._waiting + len(self._held) < MAX_BATCHES_IN_FLIGHT
             and not self._refused
             and not self.conn.closed
         ):

@@ -11,10 +11,13 @@ Ray places each proxy on a node with the GPUs it asks for (``num_gpus``; Ray set
     pool.stop()
 
 A pool is a detached manager actor named ``NAME`` (namespace ``gpuremote``) and ``n`` detached
-proxy actors. The manager holds the pool's secret, made when the pool starts: it reaches the
-proxies and the clients as a Ray call's result, never on a command line or in a log. It places
-each new session on the least-loaded live proxy (sessions, then device memory), counting the
-sessions it placed that have not connected yet.
+proxy actors. The manager holds the pool's secret and its admin token, both made when the pool
+starts: they reach the proxies as a Ray call's result, never on a command line or in a log.
+Clients get the secret only (admin calls, ``gpuremote top``, need the token, which the pool's
+driver side fetches with ``Pool.credentials``). It places each new session on the least-loaded
+live proxy (sessions, then device memory), counting the sessions it placed that have not
+connected yet, and tells every proxy the pool's members: its peers, the only proxies it copies
+arrays from.
 """
 
 from __future__ import annotations
@@ -126,6 +129,11 @@ class ProxyActor:
 
         self._loop.run_until_complete(main())
 
+    def set_peers(self, urls: list[str]) -> bool:
+        """The pool's proxies, from which this one may copy arrays (``x.to_device``)."""
+        self._loop.call_soon_threadsafe(self._proxy.set_peers, urls)
+        return True
+
     def status(self) -> dict[str, Any]:
         """This proxy's figures: url, node, pid, sessions, device_bytes, calls_per_s."""
         fut = asyncio.run_coroutine_threadsafe(_figures(self._proxy), self._loop)
@@ -169,6 +177,7 @@ class PoolManager:
         name: str,
         n: int,
         secret: bytes,
+        admin_token: str,
         proxy_options: dict[str, Any],
         backend: str,
         transport: str,
@@ -178,7 +187,9 @@ class PoolManager:
 
         self.name = name
         self._secret = secret
-        self._admin_token = secret.hex()[:32]  # for `gpuremote top --url pool://NAME`
+        # the proxies' admin token (`gpuremote top --url pool://NAME`): the manager's own,
+        # made apart from the secret that every client of the pool is given
+        self._admin_token = admin_token
         remote = ray.remote(ProxyActor)
         self.proxies = [
             remote.options(
@@ -200,11 +211,14 @@ class PoolManager:
         return self._secret, self._admin_token
 
     async def register(self, index: int, url: str, node: str, pid: int) -> None:
-        """A proxy (re)started and listens at ``url``."""
+        """A proxy (re)started and listens at ``url``: every proxy learns its peers anew."""
         self.starts[index] += 1
         self.urls[index] = url
         self._served[index] = 0
         self._reserved[index].clear()
+        urls = [u for u in self.urls if u is not None]
+        for proxy in self.proxies:
+            proxy.set_peers.remote(urls)  # fire and forget: a dead one learns at its restart
 
     async def actors(self) -> list[Any]:
         return list(self.proxies)
@@ -397,6 +411,7 @@ def start_pool(
             name,
             n,
             secrets.token_bytes(32),
+            secrets.token_hex(16),
             proxy_options,
             backend,
             transport,

@@ -22,11 +22,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .aio import spin_until_done
-from .calls import CALLS_BY_NAME, Arg, CallClass, CallSpec
+from .calls import CALLS_BY_NAME, CALLS_BY_OPCODE, Arg, CallClass, CallSpec
 from .config import PipelineConfig
-from .errors import ConnectionClosed, GpuRemoteError, RemoteProtocolError
+from .errors import ConnectionClosed, GpuRemoteError, LocalProtocolError, RemoteProtocolError
 from .framing import Frame
-from .protocol import FATAL, NOTICE, REPLY, decode_message, decode_replies
+from .protocol import FATAL, NOTICE, REPLY, check_encodable, decode_message, decode_replies
 from .protocol import encode_request as _encode_request
 from .transports import Connection
 
@@ -38,6 +38,48 @@ BUFFER = object()
 _FREE, _FREE_BUFFERS = CALLS_BY_NAME["free"], CALLS_BY_NAME["free_buffers"]
 _FREES_PER_COMMAND = 64  # the protocol's longest list of handles
 _FREE_BYTES = 64 << 20  # device memory that may wait for the end of a batch to be freed
+
+#: opcode -> positions of its arguments that carry the caller's values (checked before queuing)
+_VALUE_ARGS: dict[int, tuple[int, ...]] = {
+    spec.opcode: tuple(
+        i
+        for i, (_, kind) in enumerate(spec.args)
+        if kind in (Arg.SIZE, Arg.INT, Arg.NUMBER, Arg.PARAMS, Arg.KERNEL_ARGS, Arg.DIMS)
+    )
+    for spec in CALLS_BY_NAME.values()
+}
+_INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1  # what msgpack can carry
+
+
+def _check_sendable(value: Any, spec: CallSpec, depth: int = 0) -> None:
+    """Raise ``OverflowError`` / ``TypeError`` (naming the call) for a value that the wire
+    cannot carry, so that the call fails alone, before anything is queued."""
+    t = type(value)
+    if t is float or t is bool or t is str or value is None:
+        return
+    if t is int:
+        if not _INT_MIN <= value <= _INT_MAX:
+            raise OverflowError(
+                f"{spec.name}: the integer {value} cannot be sent (a 64-bit integer is the most "
+                "a call can carry)"
+            )
+        return
+    if depth < 4:
+        if t is list or t is tuple:
+            for v in value:
+                _check_sendable(v, spec, depth + 1)
+            return
+        if t is dict:
+            for k, v in value.items():
+                if type(k) is not str:
+                    raise TypeError(f"{spec.name}: a parameter name must be a str, not {k!r}")
+                _check_sendable(v, spec, depth + 1)
+            return
+    raise TypeError(
+        f"{spec.name}: an argument of type {t.__name__} cannot be sent (ints, floats, bools, "
+        "strings and lists or dicts of them can)"
+    )
+
 
 #: opcode -> positions and kinds of its array arguments (sent once per frame, by index)
 _ARRAY_ARGS: dict[int, tuple[tuple[int, Arg], ...]] = {
@@ -88,13 +130,16 @@ class Session:
         self._qstart = 0.0
         self._flush_scheduled: asyncio.Handle | asyncio.TimerHandle | None = None
         self._pending: dict[int, asyncio.Future[Result]] = {}
-        self._to_free: list[int] = []
-        self._free_bytes = 0  # what the handles in _to_free hold
+        #: handles to free with the next frame: appended from any thread (finalizers), taken
+        #: on the loop; deque appends and pops are atomic, so no free is ever lost
+        self._to_free: deque[int] = deque()
+        self._free_bytes = 0  # about what the handles in _to_free hold (a flush trigger)
         self._serial: deque[tuple[Frame, asyncio.Future[Result]]] = deque()
         self._serial_task: asyncio.Task[None] | None = None
         self._error: BaseException | None = None
+        self._unsent: deque[LocalProtocolError] = deque()  # ASYNC calls that were not sent
         self._closing = False
-        self.notices: list[Any] = []
+        self.notices: deque[Any] = deque(maxlen=64)  # the proxy's latest notices
         self.shutting_down = False
         conn.set_receiver(self._on_frame, self._on_lost)
 
@@ -125,6 +170,12 @@ class Session:
     def _command(
         self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None, ack: bool
     ) -> list[Any]:
+        for i in _VALUE_ARGS[spec.opcode]:
+            a = args[i]
+            if type(a) is not int or not _INT_MIN <= a <= _INT_MAX:
+                if spec.args[i][1] is Arg.KERNEL_ARGS:  # ["a", array] entries: not values
+                    a = [k[2:] for k in a if k[:1] != ["a"]]
+                _check_sendable(a, spec)
         self._seq += 1
         seq = self._seq
         if buffer is not None:
@@ -204,6 +255,9 @@ class Session:
         """Send a SYNC call (after everything queued); returns the future of its reply, which
         ``wait`` waits for (on the session's loop)."""
         self.check_open()
+        if self._unsent:  # an earlier ASYNC call could not be sent: raised here, once
+            self._flush_now()
+            raise self._unsent.popleft()
         self.counters.calls["sync"] += 1
         if self._to_free:
             self._queue_frees()
@@ -293,7 +347,10 @@ class Session:
             self._free_bytes += nbytes
 
     def _queue_frees(self) -> None:
-        frees, self._to_free, self._free_bytes = self._to_free, [], 0
+        self._free_bytes = 0
+        to_free, frees = self._to_free, []
+        while to_free:
+            frees.append(to_free.popleft())
         if not self.config.async_calls:  # one round trip per call, as for every other call
             for h in frees:
                 self.counters.calls["async"] += 1
@@ -326,11 +383,47 @@ class Session:
             self._queue_frees()
         if not self._queue:
             return
-        frame = _encode_request(
-            self._queue, self._qbufs, self._arrays, self.counters.calls["local"]
-        )
+        try:
+            frame = _encode_request(
+                self._queue, self._qbufs, self._arrays, self.counters.calls["local"]
+            )
+        except (OverflowError, TypeError, ValueError):
+            self._drop_unsendable()  # a call the checks let through: it fails alone
+            if not self._queue:
+                self._reset_batch()
+                return
+            frame = _encode_request(
+                self._queue, self._qbufs, self._arrays, self.counters.calls["local"]
+            )
         self._reset_batch()
         self._send(frame)
+
+    def _drop_unsendable(self) -> None:
+        """Take the calls that cannot be encoded out of the batch: a SYNC call raises at once,
+        an ASYNC one at the next synchronising call (as a deferred error would)."""
+        keep = []
+        for cmd in self._queue:
+            spec = CALLS_BY_OPCODE[cmd[1]]
+            try:
+                check_encodable(cmd)
+            except (OverflowError, TypeError, ValueError) as exc:
+                err = LocalProtocolError(
+                    f"call #{cmd[0]} {spec.name} was not sent: an argument cannot be encoded "
+                    f"({type(exc).__name__}: {exc})"
+                )
+                fut = self._pending.pop(cmd[0], None)
+                if fut is not None:
+                    fut.set_exception(err)
+                else:
+                    self._unsent.append(err)
+                continue
+            if spec.sync and self._unsent:  # the next sync point: it raises instead of running
+                fut = self._pending.pop(cmd[0], None)
+                if fut is not None:
+                    fut.set_exception(self._unsent.popleft())
+                    continue
+            keep.append(cmd)
+        self._queue = keep
 
     def _reset_batch(self) -> None:
         self._queue, self._qbufs, self._qbytes = [], [], 0

@@ -14,6 +14,7 @@ import pytest
 
 import gpuremote
 import gpuremote.xp as xp
+from gpuremote.calls import CALLS_BY_NAME
 
 ray = pytest.importorskip("ray", reason="the pool needs Ray: pip install 'gpuremote[ray]'")
 gr = pytest.importorskip("gpuremote.ray")
@@ -76,6 +77,29 @@ def test_the_secret_travels_through_ray_only(pool: Any) -> None:
     url = pool.urls()[0]
     with pytest.raises(gpuremote.GpuRemoteError, match="requires a shared secret"):
         gpuremote.run(gpuremote.connect(url))
+
+
+async def test_a_pool_client_makes_no_admin_calls(pool: Any) -> None:
+    from gpuremote.top import fetch
+
+    secret = gr.place_now("test-pool")[1]  # what every client of the pool is given
+    _, token = pool.credentials()  # the driver's side: the pool manager's own token
+    assert token not in secret.hex()
+    async with gpuremote.connect("pool://test-pool") as gpu:
+        for guess in (secret.hex()[:32], secret.hex(), ""):  # the token was once derived
+            with pytest.raises(gpuremote.RemoteCallError, match="wrong admin token"):
+                await fetch(gpu, guess)
+        assert (await fetch(gpu, token))["sessions"]  # the admin's token works
+
+
+async def test_pool_proxies_import_from_members_only(pool: Any) -> None:
+    members = set(pool.urls())
+    async with gpuremote.connect("pool://test-pool") as gpu:
+        y = gpu.empty((4,), np.float32)
+        outsider = "tcp://127.0.0.1:1"
+        assert outsider not in members
+        with pytest.raises(gpuremote.RemoteCallError, match="is not a peer of this proxy"):
+            await gpu._session.call(CALLS_BY_NAME["peer_import"], 0, [y._wire, outsider, "t"])
 
 
 async def test_devices_k_gives_k_different_proxies(pool: Any) -> None:

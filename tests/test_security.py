@@ -349,7 +349,7 @@ def test_sigterm_finishes_in_flight_work_tells_clients_and_exits_0() -> None:
                 sys.stdin.readline()             # ...when the proxy gets SIGTERM
                 value = await pending
                 await asyncio.sleep(0.3)
-                notices = gpu._session.notices
+                notices = list(gpu._session.notices)
                 try:
                     await gpu.synchronize()
                     after = "ok"

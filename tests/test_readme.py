@@ -1,0 +1,250 @@
+"""The README's code blocks, run as a new user would run them (on one machine).
+
+Every fenced block of README.md is either run here or named in ``SKIPPED`` with the reason it
+cannot run on one machine without a GPU; a new block that is neither fails the test. The
+host ``gpu-box`` stands for the user's GPU machine and becomes 127.0.0.1; ports 5151 and 9464
+become free ones (``serve``'s default port too); ``BENCH_OPTIONS`` shortens the benchmarks
+(their flags as written are kept).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from gpuremote.config import PipelineConfig
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+@dataclass
+class Block:
+    lang: str
+    text: str
+    line: int
+
+    @property
+    def skipped(self) -> str | None:
+        """Why the block is not run (``SKIPPED``), if it is not."""
+        return next((why for start, why in SKIPPED.items() if self.text.startswith(start)), None)
+
+
+def _blocks() -> list[Block]:
+    blocks, lines = [], README.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        m = re.match(r"^```(\w*)\s*$", lines[i])
+        if m:
+            start = i
+            i += 1
+            body = []
+            while not lines[i].startswith("```"):
+                body.append(lines[i])
+                i += 1
+            blocks.append(Block(m.group(1), "\n".join(body), start + 1))
+        i += 1
+    return blocks
+
+
+#: blocks that cannot run here as written, by how they start, and why
+SKIPPED = {
+    "./scripts/demo.sh": (
+        "the set-up commands themselves: CI runs scripts/test.sh (which makes the venv that "
+        "scripts/demo.sh uses); tests/test_cli.py runs `gpuremote demo` and `bench ping`"
+    ),
+    "import ray, gpuremote.ray": (
+        "asks Ray for GPUs (num_gpus=1); examples/pool.py is the same without GPUs, and "
+        "tests/test_pool.py runs the pool, pool:// and to_device on a local Ray instance"
+    ),
+    "gpuremote pool start": (
+        "asks Ray for GPUs; tests/test_pool.py::test_pool_cli runs pool start, status "
+        "(--json and the table), top and stop with --num-gpus 0 --backend numpy"
+    ),
+    "gpuremote/   client.py": ("a picture of the layout, not code"),
+}
+
+#: extra options that keep each benchmark short (the README's own flags stay as written)
+BENCH_OPTIONS = {
+    "ping": ["--count", "30", "--warmup", "3"],
+    "throughput": ["--sizes", "64k"],
+    "api": ["--calls", "200", "--rounds", "1"],
+    "ops": ["--cases", "sync_op", "--iterations", "20", "--rounds", "1", "--warmup", "2"],
+    "tenants": ["--seconds", "1"],
+    "peer": ["--mib", "2", "--rounds", "1"],
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class Shell:
+    """Runs a block's lines in ``cwd``, as a shell would, with the substitutions above."""
+
+    cwd: Path
+    ports: dict[str, str] = field(default_factory=dict)
+    server: subprocess.Popen[str] | None = None
+
+    def substitute(self, text: str) -> str:
+        text = text.replace("gpu-box", "127.0.0.1")
+        for old, new in self.ports.items():
+            text = text.replace(old, new)
+        return text
+
+    def env(self, assignments: dict[str, str]) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUREMOTE_")}
+        env.update(assignments)
+        return env
+
+    def run_line(self, line: str) -> None:
+        words = shlex.split(self.substitute(line), comments=True)
+        if not words:
+            return
+        assignments = {}
+        while "=" in words[0] and not words[0].startswith("-"):
+            k, v = words.pop(0).split("=", 1)
+            assignments[k] = v
+        stdout_file = None
+        if ">" in words:
+            i = words.index(">")
+            stdout_file, words = self.cwd / words[i + 1], words[:i]
+        program, *args = words
+        if program == "gpuremote":
+            argv = [sys.executable, "-m", "gpuremote", *args]
+        elif program == "python":
+            argv = [sys.executable, *args]
+        else:
+            pytest.fail(f"README line {line!r}: no rule to run {program!r}")
+        if args[:1] == ["serve"]:
+            if "--listen" not in args:  # its default, tcp://127.0.0.1:5151, moved likewise
+                argv += ["--listen", self.substitute("tcp://127.0.0.1:5151")]
+            self.serve(argv, self.env(assignments))
+            return
+        if args[:1] == ["bench"]:
+            argv += [*BENCH_OPTIONS[args[1]], "--json"] if "--json" not in args else []
+        if args[:1] == ["top"] and "--once" not in args:
+            self.interactive(argv, self.env(assignments), line)
+            return
+        proc = subprocess.run(
+            argv, cwd=self.cwd, env=self.env(assignments), capture_output=True, text=True,
+            timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 0, f"README line {line!r} failed:\n{proc.stderr}"
+        if stdout_file is not None:
+            stdout_file.write_text(proc.stdout)
+        if "--json" in argv:  # exactly one JSON object on stdout, nothing else
+            json.loads(proc.stdout)
+
+    def serve(self, argv: list[str], env: dict[str, str]) -> None:
+        """Start a proxy (stopping the block's previous one) and wait until it listens."""
+        self.stop()
+        self.server = subprocess.Popen(
+            argv, cwd=self.cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        assert self.server.stderr is not None
+        deadline = time.monotonic() + 60
+        seen = []
+        while time.monotonic() < deadline:
+            line = self.server.stderr.readline()
+            if not line and self.server.poll() is not None:
+                break
+            seen.append(line)
+            if line.startswith("listening on"):
+                return
+        self.server.kill()
+        pytest.fail(f"{shlex.join(argv[2:])} did not start:\n{''.join(seen)}")
+
+    def interactive(self, argv: list[str], env: dict[str, str], line: str) -> None:
+        """A live view: it must run (not exit with an error) until it is stopped."""
+        proc = subprocess.Popen(
+            argv, cwd=self.cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            proc.wait(3)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            proc.wait(10)
+            return
+        assert proc.stderr is not None
+        pytest.fail(f"README line {line!r} exited {proc.returncode}:\n{proc.stderr.read()}")
+
+    def stop(self) -> None:
+        """Stop the block's proxy with SIGTERM: it must exit 0."""
+        server, self.server = self.server, None
+        if server is None:
+            return
+        server.send_signal(signal.SIGTERM)
+        try:
+            code = server.wait(20)
+        finally:
+            server.kill()
+            server.communicate()
+        assert code == 0, f"the proxy exited {code} on SIGTERM"
+
+
+@pytest.fixture
+def shell(tmp_path: Path) -> Iterator[Shell]:
+    sh = Shell(tmp_path, {"5151": str(_free_port()), "9464": str(_free_port())})
+    yield sh
+    sh.stop()
+
+
+BLOCKS = _blocks()
+
+
+def test_every_skip_names_one_block() -> None:
+    for start in SKIPPED:
+        assert sum(b.text.startswith(start) for b in BLOCKS) == 1, start
+
+
+def _runnable(lang: str) -> list[Block]:
+    return [b for b in BLOCKS if b.lang == lang and b.skipped is None]
+
+
+@pytest.mark.parametrize("block", _runnable("bash"), ids=lambda b: f"line{b.line}")
+def test_bash_block(block: Block, shell: Shell) -> None:
+    for line in block.text.splitlines():
+        shell.run_line(line)
+    shell.stop()
+
+
+@pytest.mark.parametrize("block", _runnable("python"), ids=lambda b: f"line{b.line}")
+def test_python_block(block: Block, shell: Shell) -> None:
+    shell.run_line("gpuremote serve --listen tcp://127.0.0.1:5151 --backend numpy")
+    code = shell.substitute(block.text)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=shell.cwd, env=shell.env({}), capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"README block at line {block.line} failed:\n{proc.stderr}"
+
+
+@pytest.mark.parametrize("block", _runnable("toml"), ids=lambda b: f"line{b.line}")
+def test_toml_block(block: Block) -> None:
+    table = tomllib.loads(block.text)
+    PipelineConfig(**table["pipeline"])  # every key a real setting
+    assert table["url"].startswith("tcp://")
+
+
+def test_no_block_is_left_unclassified() -> None:
+    known = {"bash", "python", "toml"}
+    odd = [b for b in BLOCKS if b.lang not in known and b.skipped is None]
+    assert not odd, f"README blocks with no rule to run them: {[b.line for b in odd]}"
