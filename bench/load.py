@@ -240,7 +240,7 @@ def _pool(url: str) -> Any:
     pool = placed(url)
     if pool is None:
         return None
-    from gpuremote.ray import attach, get_pool
+    from gpuremote.pool import attach, get_pool
 
     ray = attach()
     os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)

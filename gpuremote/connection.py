@@ -33,7 +33,7 @@ _HELLO = CALLS_BY_NAME["hello"]
 
 #: scheme -> the module whose ``place(name, k)`` (async) and ``place_now(name, k)`` answer
 #: ``(urls, secret)`` for ``SCHEME://NAME``; imported on first use
-PLACERS: dict[str, str] = {"pool": "gpuremote.ray"}
+PLACERS: dict[str, str] = {"pool": "gpuremote.pool.placement"}
 
 
 def placed(url: str) -> tuple[str, str] | None:

@@ -239,7 +239,7 @@ async def run_top_pool(
     from rich.console import Console
     from rich.live import Live
 
-    from .ray import get_pool
+    from .pool import get_pool
 
     pool = get_pool(name, address=address)
     secret, token = pool.credentials()

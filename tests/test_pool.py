@@ -17,7 +17,7 @@ import gpuremote.xp as xp
 from gpuremote.calls import CALLS_BY_NAME
 
 ray = pytest.importorskip("ray", reason="the pool needs Ray: pip install 'gpuremote[ray]'")
-gr = pytest.importorskip("gpuremote.ray")
+gr = pytest.importorskip("gpuremote.pool")
 
 
 @pytest.fixture(scope="session")

@@ -65,7 +65,7 @@ SKIPPED = {
         "the set-up commands themselves: CI runs scripts/test.sh (which makes the venv that "
         "scripts/demo.sh uses); tests/test_cli.py runs `gpuremote demo` and `bench ping`"
     ),
-    "import ray, gpuremote.ray": (
+    "import ray, gpuremote.pool": (
         "asks Ray for GPUs (num_gpus=1); examples/pool.py is the same without GPUs, and "
         "tests/test_pool.py runs the pool, pool:// and to_device on a local Ray instance"
     ),
