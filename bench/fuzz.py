@@ -26,8 +26,8 @@ from gpuremote.transports import connect as transport_connect
 import gpuremote
 from gpuremote.calls import CALLS, CallClass
 from gpuremote.framing import Frame, frame_bytes
-from gpuremote.localproxy import rss_bytes
 from gpuremote.protocol import encode_request
+from gpuremote.proxyprocess import rss_bytes
 
 from .target import TargetOptions, open_target
 

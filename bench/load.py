@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 import gpuremote
-from gpuremote.localproxy import rss_bytes
+from gpuremote.proxyprocess import rss_bytes
 
 from .stats import summarize
 from .target import Target, TargetOptions, open_target

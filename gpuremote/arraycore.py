@@ -33,11 +33,11 @@ import numpy as np
 
 from . import ops
 from .calls import CALLS_BY_NAME, CallSpec
+from .clientsession import BUFFER
 from .errors import LocalProtocolError, RemoteCallError
 from .framing import byte_view
 from .ops import OpError, OpTypeError
 from .protocol import DTYPES
-from .session import BUFFER
 
 __all__ = [
     "BUFFER",
@@ -249,7 +249,7 @@ class HostCopies:
         return part.view(ref._dtype).reshape(ref.shape).copy()
 
 
-class Session(Protocol):
+class SessionLike(Protocol):
     """What the core needs of a client session."""
 
     def new_handle(self) -> int: ...
@@ -284,7 +284,7 @@ class Core:
     def __init__(
         self,
         owner: Any,
-        session: Session,
+        session: SessionLike,
         post: Post,
         release: Callable[[int, int], None],
         make: Callable[..., Any],

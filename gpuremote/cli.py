@@ -20,8 +20,8 @@ def _serve(args: argparse.Namespace) -> int:
     from .errors import GpuRemoteError
     from .executor import SessionLimits
     from .framing import FrameLimits
-    from .localproxy import READY
     from .proxy import Proxy, Service, serve
+    from .proxyprocess import READY
     from .transports import Address
 
     services: list[Service] = []
@@ -115,7 +115,7 @@ def _demo(args: argparse.Namespace) -> int:
     from . import aio
     from .client import connect
     from .demo import mlp_data, train_local, train_remote
-    from .localproxy import LocalProxy
+    from .proxyprocess import LocalProxy
 
     data = mlp_data(batch=args.batch, hidden=args.hidden)
     local = train_local(data, args.steps)

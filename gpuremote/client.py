@@ -27,12 +27,12 @@ import numpy as np
 
 from .arraycore import ArrayRef, Buffer, Core, HostCopies, Steps, fill_param, supported_dtype
 from .calls import CALLS_BY_NAME
+from .clientsession import BUFFER, ClientSession
 from .config import PipelineConfig, resolve_url
 from .connection import open_session, place, placed
 from .errors import ConfigError, LocalProtocolError
 from .framing import FrameLimits
 from .ops import OPS
-from .session import BUFFER, Session
 
 __all__ = ["GPU", "DeviceBuffer", "Event", "Kernel", "RemoteArray", "Stream", "connect"]
 
@@ -252,7 +252,7 @@ class GPU:
     Create with ``await gpuremote.connect(url)`` or ``async with gpuremote.connect(url) as gpu``.
     """
 
-    def __init__(self, session: Session, url: str, device: dict[str, Any]) -> None:
+    def __init__(self, session: ClientSession, url: str, device: dict[str, Any]) -> None:
         self._session = session
         self.url = url
         self._device = device

@@ -19,11 +19,11 @@ from typing import Any
 
 from .auth import load_secret, proof
 from .calls import CALLS_BY_NAME
+from .clientsession import ClientSession
 from .config import PipelineConfig, pipeline_config, transport_settings
 from .errors import AuthenticationError, ConfigError, RemoteProtocolError
 from .framing import FrameLimits
 from .protocol import PROTOCOL_VERSION, decode_greeting
-from .session import Session
 from .transports import Address
 from .transports import connect as transport_connect
 
@@ -81,7 +81,7 @@ async def open_session(
     pipeline: PipelineConfig | None = None,
     limits: FrameLimits = FrameLimits(),
     **options: Any,
-) -> tuple[Session, dict[str, Any]]:
+) -> tuple[ClientSession, dict[str, Any]]:
     """Connect to the proxy at ``url``, authenticate and say hello: the session and the
     proxy's device description. ``options``: ``secret=``, ``connect_timeout=`` (seconds,
     default 10) and pipeline settings (``gpuremote.config.PipelineConfig``)."""
@@ -104,7 +104,7 @@ async def open_session(
                 "GPUREMOTE_SECRET, GPUREMOTE_SECRET_FILE or [auth] in gpuremote.toml"
             )
         answer = proof(secret, greeting["nonce"])
-    session = Session(conn, cfg)
+    session = ClientSession(conn, cfg)
     try:
         info, _ = await asyncio.wait_for(
             session.call(_HELLO, 0, [PROTOCOL_VERSION, answer]), timeout

@@ -324,7 +324,7 @@ class Executor:
         return ctx.reply_buffer(data)
 
     def _cmd_stats(self, ctx: _Ctx) -> Any:
-        from .localproxy import peak_rss_bytes, rss_bytes
+        from .proxyprocess import peak_rss_bytes, rss_bytes
 
         return {
             **self.stats(),

@@ -37,8 +37,8 @@ from .protocol import Command
 from .transports import Address
 
 if TYPE_CHECKING:
+    from .clientsession import ClientSession
     from .protocol import BadCommandAt
-    from .session import Session
 
 __all__ = [
     "PEER_TIMEOUT_S",
@@ -157,10 +157,10 @@ class PeerLinks:
         self.timeout_s = timeout_s
         self.idle_s = idle_s
         self._allowed: frozenset[str] = frozenset(peer_key(u) for u in allowed)
-        self._links: dict[str, Session] = {}
+        self._links: dict[str, ClientSession] = {}
         self._used: dict[str, float] = {}  # link -> when it was last used
         self._busy: dict[str, int] = {}  # link -> reads under way
-        self._opening: dict[str, asyncio.Future[Session]] = {}
+        self._opening: dict[str, asyncio.Future[ClientSession]] = {}
         self._reaper: asyncio.TimerHandle | None = None
         self.bytes_in = 0  # bytes read from other proxies
         self.refused = 0  # reads refused: not a peer
@@ -215,14 +215,14 @@ class PeerLinks:
         self.bytes_in += data.nbytes
         return data
 
-    async def _link(self, key: str) -> Session:
+    async def _link(self, key: str) -> ClientSession:
         link = self._links.get(key)
         if link is not None and not link.closed:
             return link
         opening = self._opening.get(key)
         if opening is not None:
             return await asyncio.shield(opening)
-        fut: asyncio.Future[Session] = self._loop.create_future()
+        fut: asyncio.Future[ClientSession] = self._loop.create_future()
         self._opening[key] = fut
         try:
             link = await self._open(key)
@@ -246,9 +246,9 @@ class PeerLinks:
             self._reaper = self._loop.call_later(self.idle_s, self._reap)
         return link
 
-    async def _open(self, url: str) -> Session:
+    async def _open(self, url: str) -> ClientSession:
         if self._connect is not None:
-            link: Session = await self._connect(url)
+            link: ClientSession = await self._connect(url)
             return link
         session, _ = await open_session(url, secret=self._secret, connect_timeout=5.0)
         return session

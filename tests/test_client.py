@@ -12,12 +12,12 @@ from gpuremote.transports import listen
 
 import gpuremote
 from gpuremote.calls import CALLS_BY_NAME
+from gpuremote.clientsession import ClientSession
 from gpuremote.demo import mlp_data, train_local, train_remote
 from gpuremote.errors import ConnectionClosed, LocalProtocolError, RemoteCallError
 from gpuremote.framing import Frame
 from gpuremote.protocol import FATAL, decode_greeting, decode_message
 from gpuremote.proxy import Proxy
-from gpuremote.session import Session
 
 
 async def test_demo_workload_equals_numpy(gpu: gpuremote.GPU) -> None:
@@ -299,7 +299,7 @@ async def test_lost_connection_fails_pending_calls_at_once() -> None:
 
     listener = await listen("tcp://127.0.0.1:0", black_hole)  # type: ignore[arg-type]
     try:
-        session = Session(await transport_connect(listener.url))
+        session = ClientSession(await transport_connect(listener.url))
         pending = asyncio.ensure_future(session.call(CALLS_BY_NAME["device_synchronize"], 0, []))
         await asyncio.sleep(0.05)
         assert not pending.done()

@@ -16,8 +16,8 @@ from rich.console import Console
 
 import gpuremote
 from gpuremote.calls import CALLS_BY_NAME
-from gpuremote.localproxy import LocalProxy
 from gpuremote.metrics import start_metrics_server
+from gpuremote.proxyprocess import LocalProxy
 from gpuremote.top import fetch, rates, render
 
 if TYPE_CHECKING:

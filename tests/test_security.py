@@ -26,8 +26,8 @@ from gpuremote.calls import CALLS, CallClass
 from gpuremote.errors import AuthenticationError, ConnectionClosed, RemoteCallError
 from gpuremote.executor import Executor, SessionLimits
 from gpuremote.framing import Frame
-from gpuremote.localproxy import LocalProxy
 from gpuremote.protocol import BadCommandAt, decode_request, encode_request
+from gpuremote.proxyprocess import LocalProxy
 
 if TYPE_CHECKING:
     from conftest import Cli
