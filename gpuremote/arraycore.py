@@ -19,6 +19,11 @@ loop in the calling thread) and hands the reply back. Everything an array needs 
   in a form the wire can carry (an ``int`` too large for the protocol becomes a float next to
   a floating-point array, which is what the standard's conversion to that dtype gives);
 - ``infer``: the output shapes and dtypes of an op, remembered per signature.
+
+Every ASYNC call of both front ends goes through ``Core.post``, and every call that waits is a
+``Call`` that the front end hands to its session: what records the calls of a step and
+replays them (capture), or keeps a journal to replay on another proxy (failover), wraps those
+two points here, once, and neither front end changes.
 """
 
 from __future__ import annotations
