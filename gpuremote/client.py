@@ -273,6 +273,11 @@ class GPU:
 
     # -- LOCAL queries ---------------------------------------------------------------------
     @property
+    def session(self) -> ClientSession:
+        """The connection layer's session under this GPU (``gpuremote.connection``)."""
+        return self._session
+
+    @property
     def config(self) -> PipelineConfig:
         return self._session.config
 
