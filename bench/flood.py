@@ -20,8 +20,8 @@ import numpy as np
 from gpuremote.transports import Address
 
 import gpuremote
-from gpuremote.localproxy import LocalProxy, rss_bytes
 from gpuremote.proxy import raise_open_files_limit
+from gpuremote.proxyprocess import LocalProxy, rss_bytes
 
 __all__ = ["FloodConfig", "run_flood"]
 

@@ -31,10 +31,15 @@ import gpuremote
 from gpuremote.auth import load_secret, proof
 from gpuremote.calls import CALLS, CALLS_BY_NAME, CallClass
 from gpuremote.config import transport_settings
-from gpuremote.executor import PROTOCOL_VERSION
 from gpuremote.framing import Frame, frame_bytes
-from gpuremote.localproxy import rss_bytes
-from gpuremote.protocol import REPLY, decode_greeting, decode_message, encode_request
+from gpuremote.protocol import (
+    PROTOCOL_VERSION,
+    REPLY,
+    decode_greeting,
+    decode_message,
+    encode_request,
+)
+from gpuremote.proxyprocess import rss_bytes
 
 from .target import TargetOptions, open_target
 

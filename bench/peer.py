@@ -36,7 +36,7 @@ class PeerConfig:
 @contextlib.contextmanager
 def _two_devices(cfg: PeerConfig) -> Iterator[tuple[Any, Any]]:
     import gpuremote.xp as xp
-    from gpuremote.localproxy import LocalProxy
+    from gpuremote.proxyprocess import LocalProxy
 
     if cfg.url:
         d1, d2 = xp.connect(cfg.url, devices=2)
@@ -121,7 +121,7 @@ async def run_peer(
 ) -> dict[str, Any]:
     """Run the bench (its synchronous ``gpuremote.xp`` code on a thread of its own)."""
     if cfg.url and cfg.url.startswith("pool://"):
-        from gpuremote.ray import attach
+        from gpuremote.pool import attach
 
         attach()  # from the main thread, where Ray can set its signal handlers
     return await asyncio.to_thread(_measure, cfg, report)

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from gpuremote.transports import Address
 
 from gpuremote.config import load_config_file
-from gpuremote.localproxy import LocalProxy
 from gpuremote.proxy import Proxy
+from gpuremote.proxyprocess import LocalProxy
 
 from .baseline import echo_service
 

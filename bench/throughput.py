@@ -14,7 +14,7 @@ import numpy as np
 
 import gpuremote
 from gpuremote.framing import byte_view
-from gpuremote.localproxy import peak_rss_bytes, reset_peak_rss, rss_bytes
+from gpuremote.proxyprocess import peak_rss_bytes, reset_peak_rss, rss_bytes
 
 from .baseline import Baselines
 from .stats import gbps, ratio

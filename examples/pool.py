@@ -12,7 +12,7 @@ import numpy as np
 import ray
 
 import gpuremote
-import gpuremote.ray as gr
+import gpuremote.pool as gr
 import gpuremote.xp as xp
 
 

@@ -21,8 +21,8 @@ def _serve(args: argparse.Namespace) -> int:
     from .errors import GpuRemoteError
     from .executor import SessionLimits
     from .framing import FrameLimits
-    from .localproxy import READY
     from .proxy import Proxy, Service, serve
+    from .proxyprocess import READY
     from .transports import Address
 
     services: list[Service] = []
@@ -119,7 +119,7 @@ def _demo(args: argparse.Namespace) -> int:
     from . import aio
     from .client import connect
     from .demo import mlp_data, train_local, train_remote
-    from .localproxy import LocalProxy
+    from .proxyprocess import LocalProxy
 
     data = mlp_data(batch=args.batch, hidden=args.hidden)
     local = train_local(data, args.steps)
@@ -164,13 +164,14 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _top(args: argparse.Namespace) -> int:
     from . import aio
-    from .client import POOL_SCHEME, pool_name
+    from .connection import placed
     from .top import run_top, run_top_pool
 
-    if args.url and args.url.startswith(POOL_SCHEME):
+    pool = placed(args.url) if args.url else None
+    if pool is not None:
         return aio.run(
             run_top_pool(
-                pool_name(args.url),
+                pool[1],
                 address=args.address,
                 interval=args.interval,
                 once=args.once,

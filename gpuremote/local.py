@@ -19,12 +19,12 @@ import numpy as np
 from .backends import Backend, get_backend
 from .calls import CALLS_BY_NAME, Arg, CallSpec
 from .client import GPU
+from .clientsession import BUFFER, Counters
 from .config import PipelineConfig
 from .errors import ConnectionClosed
 from .executor import Executor
 from .framing import byte_view
 from .protocol import DTYPES, ArrayDesc, Command
-from .session import BUFFER, Counters
 
 __all__ = ["DirectSession", "TraceEntry", "connect_local"]
 

@@ -19,16 +19,18 @@ from rich.table import Table
 from rich.text import Text
 
 from .calls import CALLS_BY_NAME
-from .client import GPU, connect
+from .clientsession import ClientSession
+from .config import resolve_url
+from .connection import open_session
 
 __all__ = ["fetch", "rates", "render", "run_top"]
 
 _MB = 1e6
 
 
-async def fetch(gpu: GPU, token: str) -> dict[str, Any]:
-    """The proxy's snapshot (an admin call: one round trip)."""
-    value, _ = await gpu._session.call(CALLS_BY_NAME["admin_stats"], 0, [token])
+async def fetch(session: ClientSession, token: str) -> dict[str, Any]:
+    """The proxy's snapshot (an admin call on ``session``: one round trip)."""
+    value, _ = await session.call(CALLS_BY_NAME["admin_stats"], 0, [token])
     return dict(value)
 
 
@@ -195,12 +197,14 @@ async def run_top(
     from rich.console import Console
     from rich.live import Live
 
-    async with connect(url) as gpu:
-        own = gpu.device.get("session")
+    target = resolve_url(url)
+    session, info = await open_session(target)
+    try:
+        own = info.get("session")
         if once:
-            first = await fetch(gpu, token)
+            first = await fetch(session, token)
             await asyncio.sleep(min(interval, 1.0))
-            snap = await fetch(gpu, token)
+            snap = await fetch(session, token)
             view = rates(first, snap, own)
             if as_json:
                 print(
@@ -209,19 +213,21 @@ async def run_top(
                     )
                 )
             else:
-                Console().print(render(view, gpu.url))
+                Console().print(render(view, target))
             return 0
         quit_ = threading.Event()
         prev = None
         with _keys(quit_), Live(auto_refresh=False, screen=False) as live:
             while not quit_.is_set():
-                snap = await fetch(gpu, token)
-                live.update(render(rates(prev, snap, own), gpu.url), refresh=True)
+                snap = await fetch(session, token)
+                live.update(render(rates(prev, snap, own), target), refresh=True)
                 prev = snap
                 for _ in range(max(1, int(interval / 0.05))):
                     if quit_.is_set():
                         break
                     await asyncio.sleep(0.05)
+    finally:
+        await session.aclose()
     return 0
 
 
@@ -240,23 +246,25 @@ async def run_top_pool(
     from rich.console import Console
     from rich.live import Live
 
-    from .ray import get_pool
+    from .pool import get_pool
 
     pool = get_pool(name, address=address)
     secret, token = pool.credentials()
-    gpus = [await connect(u, secret=secret) for u in pool.urls()]
+    urls = pool.urls()
+    opened = [await open_session(u, secret=secret) for u in urls]
+    sessions = [session for session, _ in opened]
     try:
-        owns = [g.device.get("session") for g in gpus]
+        owns = [info.get("session") for _, info in opened]
 
         async def snaps() -> list[dict[str, Any]]:
-            return list(await asyncio.gather(*(fetch(g, token) for g in gpus)))
+            return list(await asyncio.gather(*(fetch(g, token) for g in sessions)))
 
         def screen(prev: list[dict[str, Any]] | None, cur: list[dict[str, Any]]) -> Group:
             views = [
-                render(rates(prev[i] if prev else None, s, owns[i]), gpus[i].url)
+                render(rates(prev[i] if prev else None, s, owns[i]), urls[i])
                 for i, s in enumerate(cur)
             ]
-            return Group(Text(f"pool://{name}: {len(gpus)} proxies", style="bold"), *views)
+            return Group(Text(f"pool://{name}: {len(urls)} proxies", style="bold"), *views)
 
         if once:
             first = await snaps()
@@ -267,7 +275,7 @@ async def run_top_pool(
                 for i, s in enumerate(cur):
                     view = rates(first[i], s, owns[i])
                     rate = {r["session"]: r["rate"] for r in view["rows"]}
-                    proxies.append({"url": gpus[i].url, **s, "rates": rate})
+                    proxies.append({"url": urls[i], **s, "rates": rate})
                 print(json.dumps({"pool": name, "proxies": proxies}, indent=2))
             else:
                 Console().print(screen(first, cur))
@@ -285,5 +293,5 @@ async def run_top_pool(
                     await asyncio.sleep(0.05)
         return 0
     finally:
-        for g in gpus:
+        for g in sessions:
             await g.aclose()

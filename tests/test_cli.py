@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from gpuremote.localproxy import LocalProxy
+from gpuremote.proxyprocess import LocalProxy
 
 if TYPE_CHECKING:
     from conftest import Cli

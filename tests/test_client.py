@@ -12,12 +12,12 @@ from gpuremote.transports import listen
 
 import gpuremote
 from gpuremote.calls import CALLS_BY_NAME
+from gpuremote.clientsession import ClientSession
 from gpuremote.demo import mlp_data, train_local, train_remote
 from gpuremote.errors import ConnectionClosed, LocalProtocolError, RemoteCallError
 from gpuremote.framing import Frame
 from gpuremote.protocol import FATAL, decode_greeting, decode_message
 from gpuremote.proxy import Proxy
-from gpuremote.session import Session
 
 
 async def test_demo_workload_equals_numpy(gpu: gpuremote.GPU) -> None:
@@ -300,7 +300,7 @@ async def test_lost_connection_fails_pending_calls_at_once() -> None:
 
     listener = await listen("tcp://127.0.0.1:0", black_hole)  # type: ignore[arg-type]
     try:
-        session = Session(await transport_connect(listener.url))
+        session = ClientSession(await transport_connect(listener.url))
         pending = asyncio.ensure_future(session.call(CALLS_BY_NAME["device_synchronize"], 0, []))
         await asyncio.sleep(0.05)
         assert not pending.done()
@@ -345,3 +345,13 @@ async def test_spin_wait_gives_the_same_results(url: str) -> None:
         assert bytes(await gpu.ping(b"spin")) == b"spin"
         np.testing.assert_array_equal(await (a + a).get(), np.arange(6, dtype=np.float32) * 2)
         await gpu.synchronize()
+
+
+async def test_dynamic_shape_launches_on_the_async_front_end(gpu: gpuremote.GPU) -> None:
+    x = gpu.asarray(np.array([0, 3, 0, 5, 7], dtype=np.int32))
+    (idx,) = await gpu.launch_dynamic("nonzero", x)
+    assert idx.shape == (3,)
+    np.testing.assert_array_equal(await idx.get(), [1, 3, 4])
+    values, counts = await gpu.launch_dynamic("unique_counts", x, n_out=2)
+    np.testing.assert_array_equal(await values.get(), [0, 3, 5, 7])
+    np.testing.assert_array_equal(await counts.get(), [2, 1, 1, 1])

@@ -95,7 +95,7 @@ def test_the_decoder_buffer_starts_small_and_grows_on_demand() -> None:
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux /proc")
 async def test_idle_connections_hold_little_memory_and_go_at_the_deadline() -> None:
-    from gpuremote.localproxy import LocalProxy, rss_bytes
+    from gpuremote.proxyprocess import LocalProxy, rss_bytes
 
     local = LocalProxy("tcp", "numpy", extra_args=("--quiet", "--handshake-timeout", "2"))
     url = await asyncio.to_thread(local.start)

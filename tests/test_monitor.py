@@ -16,8 +16,8 @@ from rich.console import Console
 
 import gpuremote
 from gpuremote.calls import CALLS_BY_NAME
-from gpuremote.localproxy import LocalProxy
 from gpuremote.metrics import start_metrics_server
+from gpuremote.proxyprocess import LocalProxy
 from gpuremote.top import fetch, rates, render
 
 if TYPE_CHECKING:
@@ -67,13 +67,13 @@ async def test_snapshot_matches_what_the_client_did(
 async def test_admin_call_needs_the_token(admin_proxy: tuple[gpuremote.Proxy, str]) -> None:
     _, url = admin_proxy
     async with gpuremote.connect(url) as admin, gpuremote.connect(url) as other:
-        snap = await fetch(admin, TOKEN)
+        snap = await fetch(admin.session, TOKEN)
         assert {s["session"] for s in snap["sessions"]} == {
             admin.device["session"],
             other.device["session"],
         }
         with pytest.raises(gpuremote.RemoteCallError, match="wrong admin token") as info:
-            await fetch(other, "guess")
+            await fetch(other.session, "guess")
         assert info.value.kind == "PermissionError"
         assert (await other.ping(b"still fine")).tobytes() == b"still fine"
 
@@ -117,9 +117,9 @@ async def test_top_view_renders_rates_and_totals(
 ) -> None:
     url = admin_proxy[1]
     async with gpuremote.connect(url) as gpu, gpuremote.connect(url) as viewer:
-        first = await fetch(viewer, TOKEN)
+        first = await fetch(viewer.session, TOKEN)
         keep = await scripted(gpu)
-        second = await fetch(viewer, TOKEN)
+        second = await fetch(viewer.session, TOKEN)
     view = rates(first, second, viewer.device["session"])
     del keep
     (row,) = view["rows"]

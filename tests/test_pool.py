@@ -17,7 +17,7 @@ import gpuremote.xp as xp
 from gpuremote.calls import CALLS_BY_NAME
 
 ray = pytest.importorskip("ray", reason="the pool needs Ray: pip install 'gpuremote[ray]'")
-gr = pytest.importorskip("gpuremote.ray")
+gr = pytest.importorskip("gpuremote.pool")
 
 
 @pytest.fixture(scope="session")
@@ -88,8 +88,8 @@ async def test_a_pool_client_makes_no_admin_calls(pool: Any) -> None:
     async with gpuremote.connect("pool://test-pool") as gpu:
         for guess in (secret.hex()[:32], secret.hex(), ""):  # the token was once derived
             with pytest.raises(gpuremote.RemoteCallError, match="wrong admin token"):
-                await fetch(gpu, guess)
-        assert (await fetch(gpu, token))["sessions"]  # the admin's token works
+                await fetch(gpu.session, guess)
+        assert (await fetch(gpu.session, token))["sessions"]  # the admin's token works
 
 
 async def test_pool_proxies_import_from_members_only(pool: Any) -> None:

@@ -65,7 +65,7 @@ SKIPPED = {
         "the set-up commands themselves: CI runs scripts/test.sh (which makes the venv that "
         "scripts/demo.sh uses); tests/test_cli.py runs `gpuremote demo` and `bench ping`"
     ),
-    "import ray, gpuremote.ray": (
+    "import ray, gpuremote.pool": (
         "asks Ray for GPUs (num_gpus=1); examples/pool.py is the same without GPUs, and "
         "tests/test_pool.py runs the pool, pool:// and to_device on a local Ray instance"
     ),
@@ -73,7 +73,7 @@ SKIPPED = {
         "asks Ray for GPUs; tests/test_pool.py::test_pool_cli runs pool start, status "
         "(--json and the table), top and stop with --num-gpus 0 --backend numpy"
     ),
-    "gpuremote/   client.py": ("a picture of the layout, not code"),
+    "front ends   gpuremote/client.py": ("a picture of the layout, not code"),
 }
 
 #: extra options that keep each benchmark short (the README's own flags stay as written)

@@ -27,7 +27,6 @@ from gpuremote.config import transport_settings
 from gpuremote.errors import AuthenticationError, ConnectionClosed, RemoteCallError
 from gpuremote.executor import PROTOCOL_VERSION, Executor, SessionLimits
 from gpuremote.framing import Frame
-from gpuremote.localproxy import LocalProxy
 from gpuremote.protocol import (
     REPLY,
     STATUS_ERROR,
@@ -36,6 +35,7 @@ from gpuremote.protocol import (
     decode_request,
     encode_request,
 )
+from gpuremote.proxyprocess import LocalProxy
 
 if TYPE_CHECKING:
     from conftest import Cli

@@ -24,7 +24,7 @@ from gpuremote.config import transport_settings
 from gpuremote.errors import RemoteCallError
 from gpuremote.executor import PROTOCOL_VERSION, SessionLimits
 from gpuremote.framing import HEADER, MAGIC, VERSION, Frame, frame_bytes, iter_frames
-from gpuremote.localproxy import LocalProxy, rss_bytes
+from gpuremote.proxyprocess import LocalProxy, rss_bytes
 from gpuremote.protocol import REPLY, decode_greeting, decode_message, encode_request
 from gpuremote.top import fetch
 

@@ -931,7 +931,7 @@ def test_lazy_default_device_from_the_configured_url() -> None:
     import subprocess
     import sys
 
-    from gpuremote.localproxy import LocalProxy
+    from gpuremote.proxyprocess import LocalProxy
 
     script = "import gpuremote.xp as xp; print(float(xp.sum(xp.ones(3))), xp.ones(1).device.url)"
     with LocalProxy("tcp", "numpy") as proxy:

@@ -1,4 +1,6 @@
-"""The client's command pipeline: one per connection.
+"""A client's session with a proxy (``ClientSession``, made by ``gpuremote.connection``): the
+command pipeline of one connection, the handles it chooses, its pending replies, deferred
+errors and counters. The proxy's side of the same session is ``gpuremote.proxysession``.
 
 ASYNC calls are appended to a queue and sent together as one frame: when a SYNC call needs the
 wire, when the batch reaches ``max_batch_calls`` or ``max_batch_bytes``, when control returns
@@ -30,7 +32,7 @@ from .protocol import FATAL, NOTICE, REPLY, check_encodable, decode_message, dec
 from .protocol import encode_request as _encode_request
 from .transports import Connection
 
-__all__ = ["BUFFER", "Counters", "Session"]
+__all__ = ["BUFFER", "ClientSession", "Counters"]
 
 #: placeholder for the out-of-band buffer argument of a call
 BUFFER = object()
@@ -112,7 +114,7 @@ class Counters:
 Result = tuple[Any, list[memoryview]]
 
 
-class Session:
+class ClientSession:
     """Queues, batches and sends calls over ``conn``; matches replies; tracks errors."""
 
     def __init__(self, conn: Connection, config: PipelineConfig = PipelineConfig()) -> None:

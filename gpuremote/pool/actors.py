@@ -1,10 +1,10 @@
-"""A pool of proxies run as Ray actors (the ``[ray]`` extra).
+"""The actors of a pool of proxies on Ray (the ``[ray]`` extra): the proxies and the manager.
 
 Ray places each proxy on a node with the GPUs it asks for (``num_gpus``; Ray sets
 ``CUDA_VISIBLE_DEVICES``) and restarts it when it dies; gpuremote keeps its own data path
 (tcp://, ucx://) between clients and proxies, so bulk data never goes through Ray::
 
-    import ray, gpuremote.ray as gr
+    import ray, gpuremote.pool as gr
     ray.init()                                   # or ray.init(address="auto")
     pool = gr.start_pool(2, name="team")         # 2 proxies, 1 GPU each
     async with gpuremote.connect("pool://team") as gpu: ...
@@ -32,52 +32,18 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from .aio import new_event_loop
-from .errors import ConfigError, GpuRemoteError
+from ..aio import new_event_loop
+from .placement import NAMESPACE, Pool, PoolError, attach, await_ref
 
 if TYPE_CHECKING:
-    from .proxy import Proxy
+    from ..proxy import Proxy
 
-__all__ = ["NAMESPACE", "Pool", "PoolError", "get_pool", "place", "place_now", "start_pool"]
+__all__ = ["PoolManager", "ProxyActor", "start_pool"]
 
-#: the Ray namespace of every pool's actors
-NAMESPACE = "gpuremote"
 #: how long a placed session counts against its proxy before it connects
 _RESERVATION_S = 10.0
 #: how long the manager waits for a proxy's status before it counts the proxy as dead
 _PROBE_S = 1.0
-
-
-class PoolError(GpuRemoteError):
-    """No such pool, or it cannot place a session."""
-
-
-def _ray() -> Any:
-    try:
-        import ray
-    except ImportError as exc:
-        raise ConfigError("pools of proxies need Ray: pip install 'gpuremote[ray]'") from exc
-    return ray
-
-
-def attach(address: str | None = None) -> Any:
-    """``ray`` attached to a cluster: the one this process is in, else ``address`` (else
-    ``RAY_ADDRESS``, else a cluster started on this machine with ``ray start``)."""
-    ray = _ray()
-    if not ray.is_initialized():
-        try:
-            ray.init(
-                address=address or os.environ.get("RAY_ADDRESS") or "auto",
-                namespace=NAMESPACE,
-                log_to_driver=False,
-                configure_logging=False,
-            )
-        except ConnectionError as exc:
-            raise PoolError(
-                f"no Ray cluster to attach to ({exc}); start one with `ray start --head`, "
-                "or give its address"
-            ) from None
-    return ray
 
 
 # -- the actors ------------------------------------------------------------------------------
@@ -94,7 +60,7 @@ class ProxyActor:
     ) -> None:
         import ray
 
-        from .proxy import Proxy, raise_open_files_limit
+        from ..proxy import Proxy, raise_open_files_limit
 
         manager = ray.get_actor(pool, namespace=NAMESPACE)
         secret, admin_token = ray.get(manager.credentials.remote())
@@ -284,7 +250,7 @@ class PoolManager:
 
         with contextlib.suppress(Exception):
             await asyncio.wait_for(
-                asyncio.gather(*(_await(p.shutdown.remote()) for p in self.proxies)), 15
+                asyncio.gather(*(await_ref(p.shutdown.remote()) for p in self.proxies)), 15
             )
         for p in self.proxies:
             with contextlib.suppress(Exception):
@@ -292,78 +258,13 @@ class PoolManager:
 
     async def _probe(self, proxy: Any) -> dict[str, Any] | None:
         try:
-            fig: dict[str, Any] = await asyncio.wait_for(_await(proxy.status.remote()), _PROBE_S)
+            fig: dict[str, Any] = await asyncio.wait_for(await_ref(proxy.status.remote()), _PROBE_S)
         except Exception:  # dead, restarting, or too slow to count as live
             return None
         return fig
 
 
-async def _await(ref: Any) -> Any:
-    return await ref
-
-
 # -- the driver's side -------------------------------------------------------------------------
-class Pool:
-    """A pool of proxies (``start_pool`` or ``get_pool``)."""
-
-    def __init__(self, name: str, manager: Any) -> None:
-        self.name = name
-        self._manager = manager
-
-    @property
-    def url(self) -> str:
-        """What clients connect to: ``pool://NAME``."""
-        return f"pool://{self.name}"
-
-    @property
-    def actors(self) -> list[Any]:
-        """The proxies' Ray actor handles, in the order of ``status()``."""
-        ray = _ray()
-        actors: list[Any] = ray.get(self._manager.actors.remote())
-        return actors
-
-    def status(self) -> list[dict[str, Any]]:
-        """One dict per proxy: ``url``, ``node``, ``alive``, ``sessions``, ``device_bytes``,
-        ``calls_per_s``, ``restarts``."""
-        ray = _ray()
-        rows: list[dict[str, Any]] = ray.get(self._manager.status.remote())
-        return rows
-
-    def urls(self) -> list[str]:
-        """The live proxies' URLs."""
-        return [r["url"] for r in self.status() if r["alive"]]
-
-    def wait_ready(self, timeout: float = 120.0) -> list[dict[str, Any]]:
-        """Wait until every proxy is alive; returns ``status()``."""
-        deadline = time.monotonic() + timeout
-        while True:
-            rows = self.status()
-            if all(r["alive"] for r in rows):
-                return rows
-            if time.monotonic() > deadline:
-                down = [r["index"] for r in rows if not r["alive"]]
-                raise PoolError(f"pool {self.name!r}: proxies {down} did not start in {timeout}s")
-            time.sleep(0.2)
-
-    def credentials(self) -> tuple[bytes, str]:
-        """The pool's secret and its proxies' admin token (for ``gpuremote top``), fetched
-        through Ray."""
-        ray = _ray()
-        secret, token = ray.get(self._manager.credentials.remote())
-        return secret, token
-
-    def stop(self) -> None:
-        """Stop the proxies and the manager."""
-        ray = _ray()
-        with contextlib.suppress(Exception):
-            ray.get(self._manager.stop.remote(), timeout=30)
-        with contextlib.suppress(Exception):
-            ray.kill(self._manager, no_restart=True)
-
-    def __repr__(self) -> str:
-        return f"<gpuremote.ray.Pool {self.name!r}>"
-
-
 def start_pool(
     n: int,
     *,
@@ -426,36 +327,3 @@ def start_pool(
             pool.stop()
             raise
     return pool
-
-
-def get_pool(name: str = "gpuremote", *, address: str | None = None) -> Pool:
-    """The running pool ``name``; ``PoolError`` if there is none."""
-    ray = attach(address)
-    try:
-        manager = ray.get_actor(name, namespace=NAMESPACE)
-    except ValueError:
-        raise PoolError(f"no pool named {name!r} in this Ray cluster") from None
-    return Pool(name, manager)
-
-
-async def place(name: str, k: int = 1) -> tuple[list[str], bytes]:
-    """For ``connect("pool://NAME")``: the URLs of ``k`` proxies of the pool and its secret."""
-    pool = get_pool(name)
-    try:
-        urls, secret = await _await(pool._manager.place.remote(k))
-    except Exception as exc:
-        cause = getattr(exc, "cause", None) or exc
-        raise PoolError(str(cause)) from None
-    return urls, secret
-
-
-def place_now(name: str, k: int = 1) -> tuple[list[str], bytes]:
-    """``place`` for synchronous code (``gpuremote.xp``)."""
-    ray = _ray()
-    pool = get_pool(name)
-    try:
-        urls, secret = ray.get(pool._manager.place.remote(k))
-    except Exception as exc:
-        cause = getattr(exc, "cause", None) or exc
-        raise PoolError(str(cause)) from None
-    return urls, secret
