@@ -23,7 +23,7 @@ import numpy as np
 from .base import BackendError, DeviceInfo
 from .numpy_backend import NumpyBackend
 
-__all__ = ["SimBackend", "SimOptions", "parse_sim"]
+__all__ = ["SimBackend", "SimOptions"]
 
 _STOP = object()
 
@@ -205,13 +205,3 @@ class SimOptions:
                     f"sim takes check and op_us=<microseconds> (sim:check,op_us=50), not {item!r}"
                 )
         return cls(**values)
-
-
-def parse_sim(spec: str) -> SimBackend:
-    """The backend of ``spec``: ``sim``, ``sim:op_us=50``, ``sim:check,op_us=50``."""
-    options = SimOptions.parse(spec)
-    if options.check:
-        from .simcheck import SimCheckBackend
-
-        return SimCheckBackend(options.op_us)
-    return SimBackend(options.op_us)
