@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from gpuremote.backends import get_backend
+from gpuremote.backends.base import buffer_owner
 from gpuremote.calls import CALLS_BY_NAME
 from gpuremote.executor import Executor, SessionLimits
-from gpuremote.framing import DEVICE_DIRECT_MIN, Frame
+from gpuremote.framing import DEVICE_DIRECT_MIN, Frame, byte_view
 from gpuremote.protocol import Reply, decode_request, encode_request
 
 
@@ -304,3 +305,23 @@ def test_a_ping_of_device_memory_answers_from_device_memory(device_backend: Any)
     echo = out[replies[0].value]
     assert dev.is_device(echo) and echo is not received  # a copy: not the live buffer
     np.testing.assert_array_equal(echo, payload)
+
+
+class _PinnedStandIn(bytearray):
+    """Memory with an owner of its own type, as CuPy's ``PinnedMemoryPointer`` is."""
+
+
+def test_a_received_buffers_owner_is_found_through_every_memoryview() -> None:
+    # as the CuPy backend's host allocator makes a buffer, and the executor then sees it:
+    # frombuffer(owner) -> byte_view -> frombuffer -> view(dtype) -> reshape
+    owner = _PinnedStandIn(1 << 12)
+    received = byte_view(np.frombuffer(owner, np.uint8, len(owner)))
+    host = np.frombuffer(received, dtype=np.uint8).view(np.float32).reshape(32, 32)
+    assert buffer_owner(host) is owner
+    # NumPy 2 keeps a memoryview as frombuffer's base: more than one such link to follow
+    links, obj = 0, host
+    while isinstance(obj, np.ndarray | memoryview):
+        links += isinstance(obj, memoryview)
+        obj = obj.base if isinstance(obj, np.ndarray) else obj.obj
+    assert links >= 2 and obj is owner
+    assert buffer_owner(np.zeros(4)) is not owner

@@ -24,8 +24,8 @@ from gpuremote.config import transport_settings
 from gpuremote.errors import RemoteCallError
 from gpuremote.executor import PROTOCOL_VERSION, SessionLimits
 from gpuremote.framing import HEADER, MAGIC, VERSION, Frame, frame_bytes, iter_frames
-from gpuremote.proxyprocess import LocalProxy, rss_bytes
 from gpuremote.protocol import REPLY, decode_greeting, decode_message, encode_request
+from gpuremote.proxyprocess import LocalProxy, rss_bytes
 from gpuremote.top import fetch
 
 if TYPE_CHECKING:

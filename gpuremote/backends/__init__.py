@@ -29,13 +29,20 @@ def cupy_usable() -> tuple[bool, str]:
 
 def get_backend(name: str = "auto") -> Backend:
     """The backend called ``name``: ``numpy``, ``cupy``, ``auto`` or ``sim`` (a simulated
-    device, ``sim:op_us=50`` for 50 µs per op)."""
+    device, ``sim:op_us=50`` for 50 µs per op; ``sim:check`` checks stream order;
+    ``sim:a100`` times ops as that GPU would, ``sim:a100,compute=0`` without computing them;
+    options combine: ``sim:check,op_us=50``)."""
     if name == "numpy":
         return NumpyBackend()
     if name == "sim" or name.startswith("sim:"):
-        from .sim_backend import parse_sim
+        from .sim_backend import SimBackend, SimOptions
 
-        return parse_sim(name)
+        options = SimOptions.parse(name)
+        if options.check:
+            from .simcheck import SimCheckBackend
+
+            return SimCheckBackend(options.op_us)
+        return SimBackend(options.op_us, options.profile, options.compute)
     if name in ("cupy", "auto"):
         ok, why = cupy_usable()
         if ok:

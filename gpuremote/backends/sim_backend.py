@@ -34,7 +34,7 @@ from .base import BackendError, DeviceInfo
 from .numpy_backend import NumpyBackend
 from .profiles import PROFILES, DeviceProfile, copy_time, op_time
 
-__all__ = ["SimBackend", "SimOptions", "parse_sim"]
+__all__ = ["SimBackend", "SimOptions"]
 
 _STOP = object()
 #: a wait longer than this sleeps first, to this much before its deadline (a sleep overshoots
@@ -325,14 +325,3 @@ class SimOptions:
         if options.check and options.profile is not None:
             raise BackendError("sim: check and a device profile do not combine (yet)")
         return options
-
-
-def parse_sim(spec: str) -> SimBackend:
-    """The backend of ``spec``: ``sim``, ``sim:op_us=50``, ``sim:check,op_us=50``,
-    ``sim:a100`` (a device profile: ``v100``, ``a100``, ``h100``), ``sim:a100,compute=0``."""
-    options = SimOptions.parse(spec)
-    if options.check:
-        from .simcheck import SimCheckBackend
-
-        return SimCheckBackend(options.op_us)
-    return SimBackend(options.op_us, options.profile, options.compute)

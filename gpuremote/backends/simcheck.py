@@ -249,7 +249,7 @@ class Checker:
                 if not report:
                     for a in block.history:
                         if vc.get(a.sid, 0) < a.epoch:
-                            report = self._report(a, label, "use after free", "frees")
+                            report = self._report(a, label, "use after free", "frees", block)
                             break
                 block.allocated = False
                 block.ticket = ticket
@@ -330,11 +330,11 @@ class Checker:
                     verb = "writes" if write else "reads"
                     if a.gen == block.gen:  # the same allocation: ordered by the streams?
                         if clock.vc.get(a.sid, 0) < a.epoch:
-                            raise StreamRace(self._report(a, label, "race", verb))
+                            raise StreamRace(self._report(a, label, "race", verb, block))
                     elif block.drop_vc is not None and block.drop_vc.get(a.sid, 0) < a.epoch:
                         # the memory went back to the pool while that access was queued
                         raise StreamRace(
-                            self._report(a, label, "use after free", verb)
+                            self._report(a, label, "use after free", verb, block)
                             + "; the memory was given back without a stream-ordered free "
                             "while that call was still queued"
                         )
@@ -360,13 +360,13 @@ class Checker:
             del kept[0]
         block.history = kept
 
-    def _report(self, earlier: _Access, label: str, what: str, verb: str) -> str:
+    def _report(self, earlier: _Access, label: str, what: str, verb: str, block: _Block) -> str:
         self.races += 1
         done = "writes" if earlier.write else "reads"
         return (
             f"{what}: {label} {verb} device memory that {earlier.label} {done}, with no event "
             f"wait or synchronize ordering the two (bytes [{earlier.lo}, {earlier.hi}) of a "
-            f"buffer)"
+            f"buffer allocated by {block.label})"
         )
 
 
