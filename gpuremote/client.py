@@ -191,39 +191,45 @@ class RemoteArray(ArrayRef):
         self._core.free(self)
 
     # -- operators -------------------------------------------------------------------------
+    def _apply(self, name: str, inputs: tuple[Any, ...]) -> RemoteArray:
+        """An operator's op, on the GPU's current stream."""
+        core = self._core
+        out: RemoteArray = core.apply(name, inputs, {}, None, core.owner._current)
+        return out
+
     @property
     def T(self) -> RemoteArray:
         return self._gpu.transpose(self)
 
     def __add__(self, other: Any) -> RemoteArray:
-        return self._core.apply("add", (self, other), {})
+        return self._apply("add", (self, other))
 
     def __radd__(self, other: Any) -> RemoteArray:
-        return self._core.apply("add", (other, self), {})
+        return self._apply("add", (other, self))
 
     def __sub__(self, other: Any) -> RemoteArray:
-        return self._core.apply("subtract", (self, other), {})
+        return self._apply("subtract", (self, other))
 
     def __rsub__(self, other: Any) -> RemoteArray:
-        return self._core.apply("subtract", (other, self), {})
+        return self._apply("subtract", (other, self))
 
     def __mul__(self, other: Any) -> RemoteArray:
-        return self._core.apply("multiply", (self, other), {})
+        return self._apply("multiply", (self, other))
 
     def __rmul__(self, other: Any) -> RemoteArray:
-        return self._core.apply("multiply", (other, self), {})
+        return self._apply("multiply", (other, self))
 
     def __truediv__(self, other: Any) -> RemoteArray:
-        return self._core.apply("divide", (self, other), {})
+        return self._apply("divide", (self, other))
 
     def __rtruediv__(self, other: Any) -> RemoteArray:
-        return self._core.apply("divide", (other, self), {})
+        return self._apply("divide", (other, self))
 
     def __matmul__(self, other: RemoteArray) -> RemoteArray:
-        return self._core.apply("matmul", (self, other), {})
+        return self._apply("matmul", (self, other))
 
     def __neg__(self) -> RemoteArray:
-        return self._core.apply("negative", (self,), {})
+        return self._apply("negative", (self,))
 
 
 ArrayOrScalar = RemoteArray | Scalar
