@@ -24,10 +24,17 @@ from typing import Any
 from .aio import spin_until_done
 from .calls import CALLS_BY_NAME, CALLS_BY_OPCODE, Arg, CallClass, CallSpec
 from .config import PipelineConfig
-from .errors import ConnectionClosed, GpuRemoteError, LocalProtocolError, RemoteProtocolError
+from .errors import (
+    CaptureError,
+    ConnectionClosed,
+    GpuRemoteError,
+    LocalProtocolError,
+    RemoteProtocolError,
+)
 from .framing import Frame
 from .protocol import FATAL, NOTICE, REPLY, check_encodable, decode_message, decode_replies
 from .protocol import encode_request as _encode_request
+from .recording import Recording
 from .transports import Connection
 
 __all__ = ["BUFFER", "Counters", "Session"]
@@ -139,6 +146,8 @@ class Session:
         self._error: BaseException | None = None
         self._unsent: deque[LocalProtocolError] = deque()  # ASYNC calls that were not sent
         self._closing = False
+        #: the step being captured: ASYNC calls are recorded as they are queued
+        self.recording: Recording | None = None
         self.notices: deque[Any] = deque(maxlen=64)  # the proxy's latest notices
         self.shutting_down = False
         conn.set_receiver(self._on_frame, self._on_lost)
@@ -209,6 +218,8 @@ class Session:
     ) -> None:
         """Queue an ASYNC call; returns at once."""
         self.check_open()
+        if self.recording is not None:  # checked before anything is queued
+            self.recording.add(spec, stream, args)
         self.counters.calls["async"] += 1
         if self._to_free and (
             len(self._to_free) >= _FREES_PER_COMMAND
@@ -255,6 +266,11 @@ class Session:
         """Send a SYNC call (after everything queued); returns the future of its reply, which
         ``wait`` waits for (on the session's loop)."""
         self.check_open()
+        if self.recording is not None:
+            raise CaptureError(
+                f"{spec.name} waits for the device, which a captured step cannot do while it "
+                "is recorded (capture what computes; read results after the step)"
+            )
         if self._unsent:  # an earlier ASYNC call could not be sent: raised here, once
             self._flush_now()
             raise self._unsent.popleft()
@@ -299,6 +315,8 @@ class Session:
         """Send an ASYNC call now and wait until the proxy has run it (used to borrow a
         caller's buffer without copying it); its error, if any, is deferred as usual."""
         self.check_open()
+        if self.recording is not None:
+            raise CaptureError(f"{spec.name} sends host data, which a captured step cannot hold")
         self.counters.calls["async"] += 1
         cmd = self._command(spec, stream, args, buffer, ack=True)
         fut: asyncio.Future[Result] = self._loop.create_future()
