@@ -235,15 +235,16 @@ async def run_load(
 def _pool(url: str) -> Any:
     """The pool behind a ``pool://`` URL (and ``RAY_ADDRESS`` set, so that the client
     processes of ``--procs`` attach to the same cluster), else None."""
-    from gpuremote.client import POOL_SCHEME, pool_name
+    from gpuremote.connection import placed
 
-    if not url.startswith(POOL_SCHEME):
+    pool = placed(url)
+    if pool is None:
         return None
     from gpuremote.ray import attach, get_pool
 
     ray = attach()
     os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
-    return get_pool(pool_name(url))
+    return get_pool(pool[1])
 
 
 async def _in_processes(

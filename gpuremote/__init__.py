@@ -14,6 +14,8 @@ The proxy: ``gpuremote serve --listen tcp://0.0.0.0:5151``.
 
 from __future__ import annotations
 
+from typing import Any
+
 from .aio import run
 from .calls import CALLS, CallClass
 from .client import GPU, Event, Kernel, RemoteArray, Stream, connect
@@ -29,9 +31,18 @@ from .errors import (
     RemoteProtocolError,
     TransportUnavailable,
 )
-from .proxy import Proxy
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    """``gpuremote.Proxy``, imported on first use: a client never loads the proxy side."""
+    if name == "Proxy":
+        from .proxy import Proxy
+
+        return Proxy
+    raise AttributeError(f"module 'gpuremote' has no attribute {name!r}")
+
 
 __all__ = [
     "CALLS",

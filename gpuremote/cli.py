@@ -160,13 +160,14 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _top(args: argparse.Namespace) -> int:
     from . import aio
-    from .client import POOL_SCHEME, pool_name
+    from .connection import placed
     from .top import run_top, run_top_pool
 
-    if args.url and args.url.startswith(POOL_SCHEME):
+    pool = placed(args.url) if args.url else None
+    if pool is not None:
         return aio.run(
             run_top_pool(
-                pool_name(args.url),
+                pool[1],
                 address=args.address,
                 interval=args.interval,
                 once=args.once,

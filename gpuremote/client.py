@@ -1,5 +1,5 @@
-"""The client API: a connection to a proxy (``GPU``), and remote arrays, streams, events and
-kernels on top of the GPU API calls.
+"""The async front end: a connection to a proxy (``GPU``), and remote arrays, streams, events
+and kernels on top of the GPU API calls.
 
 Calls that bring back no data (creating arrays, uploading, launching, freeing) are plain
 methods that return at once with a handle-backed object; only what brings data back or waits
@@ -10,41 +10,29 @@ is awaited::
         y = gpu.tanh(gpu.matmul(a, b))
         out = await y.get()
 
-Shapes and dtypes of results are inferred locally (``gpuremote.ops``), handles are chosen by
-the client, and the host copy of an upload answers ``get()`` until the device writes the
-buffer: none of that costs a round trip.
+The arrays are the array core's (``gpuremote.arraycore``, shared with ``gpuremote.xp``): this
+module only says how to wait (``await``). Sessions are opened by the connection layer
+(``gpuremote.connection``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
-import math
 import weakref
 from collections.abc import Generator, Sequence
 from typing import Any, overload
 
 import numpy as np
 
-from . import arraycore
-from .arraycore import Buffer
-from .auth import load_secret, proof
+from .arraycore import ArrayRef, Buffer, Core, HostCopies, Steps, fill_param, supported_dtype
 from .calls import CALLS_BY_NAME
-from .config import PipelineConfig, pipeline_config, resolve_url, transport_settings
-from .errors import (
-    AuthenticationError,
-    ConfigError,
-    LocalProtocolError,
-    RemoteProtocolError,
-)
-from .executor import PROTOCOL_VERSION
-from .framing import FrameLimits, byte_view
+from .config import PipelineConfig, resolve_url
+from .connection import open_session, place, placed
+from .errors import ConfigError, LocalProtocolError
+from .framing import FrameLimits
 from .ops import OPS
-from .protocol import DTYPES, decode_greeting
 from .session import BUFFER, Session
-from .transports import Address
-from .transports import connect as transport_connect
 
 __all__ = ["GPU", "DeviceBuffer", "Event", "Kernel", "RemoteArray", "Stream", "connect"]
 
@@ -52,29 +40,7 @@ __all__ = ["GPU", "DeviceBuffer", "Event", "Kernel", "RemoteArray", "Stream", "c
 DeviceBuffer = Buffer
 
 _C = CALLS_BY_NAME
-_LAUNCH, _LAUNCH_NEW = _C["launch"], _C["launch_new"]
 Scalar = int | float | bool
-
-
-_NAMES = {dt: name for name, dt in DTYPES.items()}
-
-
-def _dtype(dtype: Any) -> np.dtype[Any]:
-    dt = np.dtype(dtype)
-    if dt not in _NAMES:
-        raise TypeError(f"dtype {dt} is not supported by gpuremote")
-    return dt
-
-
-def _dtype_name(dt: np.dtype[Any]) -> str:
-    return _NAMES.get(dt) or _NAMES[_dtype(dt)]
-
-
-_CHECKED: set[Any] = set()  # launches whose output metadata was checked already
-
-
-def _host_bytes(host: np.ndarray[Any, Any]) -> memoryview:
-    return byte_view(host)
 
 
 class Stream:
@@ -142,6 +108,8 @@ class Kernel:
             elif isinstance(a, np.generic):
                 wire.append(["s", a.dtype.name, a.item()])
             elif isinstance(a, bool | int | float):
+                if type(a) is int and not -(2**63) <= a < 2**63:
+                    raise OverflowError(f"kernel argument {a} does not fit an int64")
                 wire.append(["s", "int64" if type(a) is int else np.dtype(type(a)).name, a])
             else:
                 raise TypeError(f"kernel argument of type {type(a).__name__} is not supported")
@@ -152,120 +120,75 @@ class Kernel:
         )
 
 
-class ArrayMetadata:
-    """``ndim``, ``size`` and ``nbytes`` from ``shape`` and ``dtype``: answered locally."""
-
-    __slots__ = ()
-    shape: tuple[int, ...]
-    dtype: np.dtype[Any]
-
-    @property
-    def ndim(self) -> int:
-        """The number of axes."""
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        """The number of elements."""
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        """The size in bytes."""
-        return self.size * self.dtype.itemsize
-
-
-class RemoteArray(ArrayMetadata):
-    """A C-contiguous array in a device buffer on the proxy.
+class RemoteArray(ArrayRef):
+    """A C-contiguous array in a device buffer on the proxy (the async front end's array).
 
     ``shape``, ``dtype``, ``size`` and friends are answered locally; ``await get()`` brings
-    the data back (or returns the shadow host copy, with no transfer, while it is valid).
+    the data back (or returns the kept host copy, with no transfer, while it is valid).
     """
 
-    __slots__ = ("__weakref__", "_buf", "_gpu", "_meta", "_wire", "dtype", "offset", "shape")
+    __slots__ = ()
 
-    def __init__(
-        self,
-        gpu: GPU,
-        buf: DeviceBuffer,
-        shape: tuple[int, ...],
-        dtype: np.dtype[Any],
-        offset: int = 0,
-    ) -> None:
-        self._gpu = gpu
-        self._buf = buf
-        self.shape = shape
-        self.dtype = dtype
-        self.offset = offset
-        self._meta = (shape, dtype)
-        self._wire = [buf.handle, offset, list(shape), _dtype_name(dtype)]
-
-    # -- metadata (LOCAL) ------------------------------------------------------------------
     @property
-    def handle(self) -> int:
-        return self._buf.handle
+    def dtype(self) -> np.dtype[Any]:
+        """The array's NumPy dtype."""
+        return self._dtype
+
+    @property
+    def _gpu(self) -> GPU:
+        gpu: GPU = self._core.owner
+        return gpu
 
     @property
     def host_valid(self) -> bool:
-        """Whether ``get()`` would be answered from the shadow host copy."""
-        return self._buf.host is not None and self._gpu.config.shadow
-
-    def _desc(self) -> list[Any]:
-        if self._buf.freed:
-            raise LocalProtocolError(f"array on buffer {self._buf.handle} used after free")
-        return self._wire
+        """Whether ``get()`` would be answered from the kept host copy."""
+        return self._buf.host is not None and self._core.copies.enabled
 
     def __repr__(self) -> str:
         return f"<RemoteArray shape={self.shape} dtype={self.dtype} buffer={self._buf.handle}>"
 
     # -- data ------------------------------------------------------------------------------
     async def get(self, stream: Stream | None = None) -> np.ndarray[Any, Any]:
-        """The array's data on the host (a device-to-host copy, unless shadowed)."""
-        self._desc()
-        session = self._gpu._session
-        host = self._buf.host
-        if host is not None and self._gpu.config.shadow:
-            session.count_local(shadow_bytes=self.nbytes)
-            part = host[self.offset : self.offset + self.nbytes]
-            return part.view(self.dtype).reshape(self.shape).copy()
-        value, bufs = await session.call(_C["copy_d2h"], self._gpu._stream(stream), [self._desc()])
-        data = bufs[value]
-        return np.frombuffer(data, dtype=self.dtype).reshape(self.shape)
+        """The array's data on the host (a device-to-host copy, unless a host copy is kept)."""
+        core = self._core
+        host = core.cached(self)
+        if host is not None:
+            return host
+        gpu: GPU = core.owner
+        _, spec, s, args, buf = core.download(self, gpu._stream(stream))
+        return core.downloaded(self, await gpu._session.call(spec, s, args, buf))
 
     def set(self, host: Any, stream: Stream | None = None) -> None:
         """Upload ``host`` into this array (ASYNC; ``host`` is copied first, so the caller may
         change it at once)."""
-        snap = self._gpu._snapshot(host, self.shape, self.dtype)
-        self._gpu._upload(self, snap, stream)
+        core = self._core
+        core.write(self, core.snapshot(host, self._dtype, self.shape), self._gpu._stream(stream))
 
     async def write(self, host: Any, stream: Stream | None = None) -> None:
         """Upload ``host`` without copying it, waiting until the proxy has it (like a blocking
         ``cudaMemcpy``): the way to move large data at full speed."""
-        arr = np.ascontiguousarray(host, dtype=self.dtype)
-        if arr.shape != self.shape:
-            raise ValueError(f"cannot write shape {arr.shape} into an array of {self.shape}")
-        self._buf.invalidate()
-        await self._gpu._session.ack(
-            _C["copy_h2d"], self._gpu._stream(stream), [self._desc(), BUFFER], _host_bytes(arr)
-        )
+        args, data = self._core.borrow(self, host)
+        gpu = self._gpu
+        await gpu._session.ack(_C["copy_h2d"], gpu._stream(stream), args, data)
 
     def reshape(self, *shape: int | Sequence[int]) -> RemoteArray:
         """A view with another shape (LOCAL: no call is sent)."""
         first = shape[0] if len(shape) == 1 else None
-        dims = tuple(first) if isinstance(first, Sequence) else tuple(int(d) for d in shape)  # type: ignore[arg-type]
-        if -1 in dims:
-            known = math.prod(d for d in dims if d != -1)
-            dims = tuple(self.size // known if d == -1 else d for d in dims)
-        if math.prod(dims) != self.size:
-            raise ValueError(f"cannot reshape {self.shape} into {dims}")
-        self._gpu._session.count_local()
-        return RemoteArray(self._gpu, self._buf, dims, self.dtype, self.offset)
+        dims = first if isinstance(first, Sequence) else shape
+        out: RemoteArray = self._core.reshape(self, dims)  # type: ignore[arg-type]
+        return out
+
+    async def to_device(self, gpu: GPU) -> RemoteArray:
+        """A copy of this array on ``gpu``'s proxy: proxy to proxy where that proxy can reach
+        this one's, else through the client (``gpu.last_copy`` says which)."""
+        if gpu is self._gpu:
+            return self
+        out, gpu.last_copy = await _drive(self._core.to_device(self, gpu._core))
+        return out
 
     def free(self) -> None:
         """Free the device buffer now (every view of it becomes unusable)."""
-        buf = self._buf
-        if buf.detach():
-            self._gpu._session.submit(_C["free"], 0, [buf.handle])
+        self._core.free(self)
 
     # -- operators -------------------------------------------------------------------------
     @property
@@ -273,37 +196,54 @@ class RemoteArray(ArrayMetadata):
         return self._gpu.transpose(self)
 
     def __add__(self, other: Any) -> RemoteArray:
-        return self._gpu._apply("add", (self, other), {})
+        return self._core.apply("add", (self, other), {})
 
     def __radd__(self, other: Any) -> RemoteArray:
-        return self._gpu._apply("add", (other, self), {})
+        return self._core.apply("add", (other, self), {})
 
     def __sub__(self, other: Any) -> RemoteArray:
-        return self._gpu._apply("subtract", (self, other), {})
+        return self._core.apply("subtract", (self, other), {})
 
     def __rsub__(self, other: Any) -> RemoteArray:
-        return self._gpu._apply("subtract", (other, self), {})
+        return self._core.apply("subtract", (other, self), {})
 
     def __mul__(self, other: Any) -> RemoteArray:
-        return self._gpu._apply("multiply", (self, other), {})
+        return self._core.apply("multiply", (self, other), {})
 
     def __rmul__(self, other: Any) -> RemoteArray:
-        return self._gpu._apply("multiply", (other, self), {})
+        return self._core.apply("multiply", (other, self), {})
 
     def __truediv__(self, other: Any) -> RemoteArray:
-        return self._gpu._apply("divide", (self, other), {})
+        return self._core.apply("divide", (self, other), {})
 
     def __rtruediv__(self, other: Any) -> RemoteArray:
-        return self._gpu._apply("divide", (other, self), {})
+        return self._core.apply("divide", (other, self), {})
 
     def __matmul__(self, other: RemoteArray) -> RemoteArray:
-        return self._gpu._apply("matmul", (self, other), {})
+        return self._core.apply("matmul", (self, other), {})
 
     def __neg__(self) -> RemoteArray:
-        return self._gpu._apply("negative", (self,), {})
+        return self._core.apply("negative", (self,), {})
 
 
 ArrayOrScalar = RemoteArray | Scalar
+
+
+async def _drive(steps: Steps) -> Any:
+    """Run an array core procedure that waits for replies, awaiting each (``arraycore``)."""
+    try:
+        call = next(steps)
+        while True:
+            core, spec, stream, args, buf = call
+            gpu: GPU = core.owner
+            try:
+                reply = await gpu._session.call(spec, stream, args, buf)
+            except Exception as exc:
+                call = steps.throw(exc)
+            else:
+                call = steps.send(reply)
+    except StopIteration as stop:
+        return stop.value
 
 
 class GPU:
@@ -318,6 +258,18 @@ class GPU:
         self._device = device
         self._current = 0
         self._kernels_sent: set[int] = set()
+        cfg = session.config
+        self._core = Core(
+            self,
+            session,
+            session.submit,
+            session.release,
+            RemoteArray,
+            HostCopies(cfg.shadow, cfg.shadow_max_bytes),
+        )
+        #: how the last ``to_device`` onto this GPU went: "proxy to proxy" or "through the
+        #: client (why)"
+        self.last_copy = ""
 
     # -- LOCAL queries ---------------------------------------------------------------------
     @property
@@ -348,36 +300,11 @@ class GPU:
     def _stream(self, stream: Stream | None) -> int:
         return self._current if stream is None else stream.handle
 
-    def _new_buffer(self, nbytes: int) -> Buffer:
-        session = self._session
-        buf = Buffer(session.release, session.new_handle(), nbytes)
-        session.submit(_C["alloc"], 0, [buf.handle, nbytes])
-        return buf
-
-    def _snapshot(
-        self, host: Any, shape: tuple[int, ...] | None, dtype: np.dtype[Any] | None
-    ) -> np.ndarray[Any, Any]:
-        arr = np.array(host, dtype=dtype, order="C", copy=True)
-        _dtype(arr.dtype)
-        if shape is not None and arr.shape != shape:
-            arr = np.ascontiguousarray(np.broadcast_to(arr, shape))
-        return arr
-
-    def _upload(self, dst: RemoteArray, snap: np.ndarray[Any, Any], stream: Stream | None) -> None:
-        buf = dst._buf
-        whole = dst.offset == 0 and dst.nbytes == buf.nbytes
-        keep = whole and self.config.shadow and snap.nbytes <= self.config.shadow_max_bytes
-        buf.host = snap.reshape(-1).view(np.uint8) if keep else None
-        self._session.submit(
-            _C["copy_h2d"], self._stream(stream), [dst._desc(), BUFFER], _host_bytes(snap)
-        )
-
     # -- memory and arrays -----------------------------------------------------------------
     def empty(self, shape: int | Sequence[int], dtype: Any = "float32") -> RemoteArray:
         """An uninitialised array (one ASYNC alloc)."""
         dims = (shape,) if isinstance(shape, int) else tuple(shape)
-        dt = _dtype(dtype)
-        return RemoteArray(self, self._new_buffer(math.prod(dims) * dt.itemsize), dims, dt)
+        return self._core.empty(dims, supported_dtype(dtype))
 
     def zeros(self, shape: int | Sequence[int], dtype: Any = "float32") -> RemoteArray:
         out = self.empty(shape, dtype)
@@ -388,21 +315,19 @@ class GPU:
         self, shape: int | Sequence[int], value: Scalar, dtype: Any = "float32"
     ) -> RemoteArray:
         dims = [shape] if isinstance(shape, int) else list(shape)
-        return self.op("full", value=value, shape=dims, dtype=_dtype(dtype).name)
+        dt = supported_dtype(dtype)
+        return self.op("full", value=fill_param(dt, value), shape=dims, dtype=dt.name)
 
     def asarray(self, host: Any, dtype: Any = None, stream: Stream | None = None) -> RemoteArray:
         """A remote copy of host data (ASYNC alloc + upload; the data is copied at once, and
-        the copy is kept as the shadow host copy)."""
+        the copy is kept as the host copy, within ``shadow_max_bytes``)."""
         if isinstance(host, RemoteArray):
             return (
                 host
                 if dtype is None or np.dtype(dtype) == host.dtype
                 else self.op("astype", host, dtype=np.dtype(dtype).name)
             )
-        snap = self._snapshot(host, None, None if dtype is None else _dtype(dtype))
-        out = RemoteArray(self, self._new_buffer(snap.nbytes), snap.shape, snap.dtype)
-        self._upload(out, snap, stream)
-        return out
+        return self._core.upload(host, dtype, self._stream(stream))
 
     def copy(self, dst: RemoteArray, src: RemoteArray, stream: Stream | None = None) -> None:
         """Device-to-device copy of ``src`` into ``dst`` (same number of bytes)."""
@@ -425,30 +350,7 @@ class GPU:
         **params: Any,
     ) -> None:
         """Run op ``op`` writing into existing ``outputs`` (the raw GPU-API form)."""
-        try:  # launches checked already: the same op, metadata and params again
-            key: Any = (op, *[a._meta for a in inputs], None, *[o._meta for o in outputs])
-            key += tuple(params.items())
-            checked = key in _CHECKED
-        except TypeError:  # a list-valued param: not hashable, check every time
-            key, checked = None, False
-        if not checked:
-            metas = arraycore.infer(op, [a._meta for a in inputs], params)
-            if len(metas) != len(outputs):
-                raise ValueError(f"{op} writes {len(metas)} outputs, {len(outputs)} given")
-            for (shape, dt), o in zip(metas, outputs, strict=True):
-                if (shape, dt) != o._meta:
-                    raise ValueError(f"{op} writes {shape}/{dt}, the output is {o.shape}/{o.dtype}")
-            if key is not None:
-                if len(_CHECKED) >= 1 << 15:
-                    _CHECKED.clear()
-                _CHECKED.add(key)
-        for o in outputs:
-            o._buf.host = None
-        self._session.submit(
-            _LAUNCH,
-            self._current if stream is None else stream.handle,
-            [op, [a._desc() for a in inputs], [o._desc() for o in outputs], params],
-        )
+        self._core.launch(op, inputs, params, outputs, self._stream(stream))
 
     def op(
         self,
@@ -459,56 +361,17 @@ class GPU:
         **params: Any,
     ) -> RemoteArray:
         """Run allow-listed op ``name`` on ``inputs``; returns its (new, or ``out``) result."""
-        return self._apply(name, inputs, params, out, stream)
-
-    def _apply(
-        self,
-        name: str,
-        inputs: Sequence[ArrayOrScalar],
-        params: dict[str, Any],
-        out: RemoteArray | None = None,
-        stream: Stream | None = None,
-    ) -> RemoteArray:
-        """``op`` without the argument packing: the path every operator takes."""
-        spec = OPS.get(name)
-        if spec is None:
+        if name not in OPS:
             raise ValueError(f"unknown op {name!r}; see gpuremote.ops.OPS")
-        arrays: list[RemoteArray] = []
-        for i, x in enumerate(inputs):
-            if type(x) is RemoteArray:
-                arrays.append(x)
-            elif isinstance(x, bool | int | float | np.generic) and "scalar" in spec.params:
-                if i == 0 and len(inputs) == 2:
-                    params["reverse"] = True
-                params["scalar"] = x.item() if isinstance(x, np.generic) else x
-            elif isinstance(x, RemoteArray):
-                arrays.append(x)
-            else:
-                arrays.append(self.asarray(x))
-        if out is not None:
-            self.launch(name, arrays, [out], stream, **params)
-            return out
-        metas = arraycore.infer(name, [a._meta for a in arrays], params)
-        if len(metas) != 1:
-            raise ValueError(f"{name} writes {len(metas)} outputs; use launch()")
-        ((shape, dt),) = metas
-        wires = [a._desc() for a in arrays]  # raises for a freed input, before anything exists
-        session = self._session
-        nbytes = dt.itemsize
-        for d in shape:
-            nbytes *= d
-        result = RemoteArray(self, Buffer(session.release, session.new_handle(), nbytes), shape, dt)
-        # one command: the proxy allocates the output's buffer and launches
-        try:
-            session.submit(
-                _LAUNCH_NEW,
-                self._current if stream is None else stream.handle,
-                [name, wires, [result._wire], params],
-            )
-        except BaseException:
-            result._buf.detach()  # never made on the proxy: nothing to free
-            raise
-        return result
+        return self._core.apply(name, inputs, params, out, self._stream(stream))
+
+    async def launch_dynamic(
+        self, name: str, *inputs: RemoteArray, n_out: int = 1, **params: Any
+    ) -> list[RemoteArray]:
+        """Run op ``name`` whose output shapes depend on the data (``nonzero``, ``unique_*``,
+        ``getitem_mask``, ...): one SYNC call; returns its ``n_out`` new arrays."""
+        outs: list[RemoteArray] = await _drive(self._core.dynamic(name, inputs, params, n_out))
+        return outs
 
     def matmul(self, a: RemoteArray, b: RemoteArray, **kw: Any) -> RemoteArray:
         return self.op("matmul", a, b, **kw)
@@ -671,13 +534,8 @@ class _Connector:
         self._gpu: GPU | None = None
 
     async def _open(self) -> GPU:
-        url = resolve_url(self._url)
-        options = dict(self._options)
-        if url.startswith(POOL_SCHEME):  # a pool on Ray: its least-loaded proxy
-            from .ray import place
-
-            (url,), options["secret"] = await place(pool_name(url), 1)
-        return await _open_session(url, options, self._pipeline, self._limits)
+        (url,), extra = await place(resolve_url(self._url), 1)
+        return await _open_gpu(url, {**self._options, **extra}, self._pipeline, self._limits)
 
     def __await__(self) -> Generator[Any, None, GPU]:
         return self._open().__await__()
@@ -707,14 +565,12 @@ class _ManyConnector:
         self._gpus: list[GPU] = []
 
     async def _open(self) -> list[GPU]:
-        from .ray import place
-
-        urls, secret = await place(pool_name(self._url), self._k)
-        options = {**self._options, "secret": secret}
+        urls, extra = await place(self._url, self._k)
+        options = {**self._options, **extra}
         gpus: list[GPU] = []
         try:
             for u in urls:
-                gpus.append(await _open_session(u, options, self._pipeline, self._limits))
+                gpus.append(await _open_gpu(u, options, self._pipeline, self._limits))
         except BaseException:
             for g in gpus:
                 await g.aclose()
@@ -733,56 +589,11 @@ class _ManyConnector:
             await g.aclose()
 
 
-#: ``pool://NAME``: a pool of proxies on Ray (``gpuremote.ray``)
-POOL_SCHEME = "pool://"
-
-
-def pool_name(url: str) -> str:
-    """The pool's name in ``pool://NAME``."""
-    name = url[len(POOL_SCHEME) :].strip("/")
-    if not name or "/" in name or "?" in name:
-        raise ConfigError(f"{url!r}: a pool URL is pool://NAME")
-    return name
-
-
-async def _open_session(
+async def _open_gpu(
     url: str, options: dict[str, Any], pipeline: PipelineConfig | None, limits: FrameLimits
 ) -> GPU:
-    """Connect, authenticate and say hello at ``url``."""
-    options = dict(options)
-    secret = load_secret(options.pop("secret", None))
-    timeout = options.pop("connect_timeout", 10.0)
-    cfg = pipeline or pipeline_config(options)
-    settings = transport_settings(Address.parse(url).scheme)
-    conn = await transport_connect(url, limits, settings)
-    try:
-        greeting = decode_greeting(await asyncio.wait_for(conn.recv(), timeout))
-    except BaseException:
-        conn.close()
-        raise
-    answer = ""
-    if greeting["auth"]:
-        if secret is None:
-            conn.close()
-            raise AuthenticationError(
-                f"the proxy at {url} requires a shared secret: pass secret=..., or set "
-                "GPUREMOTE_SECRET, GPUREMOTE_SECRET_FILE or [auth] in gpuremote.toml"
-            )
-        answer = proof(secret, greeting["nonce"])
-    session = Session(conn, cfg)
-    try:
-        info, _ = await asyncio.wait_for(
-            session.call(_C["hello"], 0, [PROTOCOL_VERSION, answer]), timeout
-        )
-    except RemoteProtocolError as exc:
-        await session.aclose()
-        if "authentication failed" in str(exc):
-            raise AuthenticationError(f"the proxy at {url} refused the secret") from None
-        raise
-    except BaseException:
-        await session.aclose()
-        raise
-    return GPU(session, url, dict(info))
+    session, info = await open_session(url, pipeline=pipeline, limits=limits, **options)
+    return GPU(session, url, info)
 
 
 @overload
@@ -817,17 +628,17 @@ def connect(
 ) -> _Connector | _ManyConnector:
     """Connect to the proxy at ``url`` (else ``GPUREMOTE_URL``, else the config file, else
     the default). ``options`` override pipeline settings (``async_calls``, ``batching``,
-    ``shadow``, ``max_batch_calls``, ``max_batch_bytes``, ``flush_delay_us``, ``spin_us``,
-    ``call_timeout_s``), and take
+    ``shadow``, ``shadow_max_bytes``, ``max_batch_calls``, ``max_batch_bytes``,
+    ``flush_delay_us``, ``spin_us``, ``call_timeout_s``), and take
     ``secret=`` (the shared secret, when the proxy requires one) and ``connect_timeout=``.
 
-    ``pool://NAME`` is a pool of proxies on Ray (``gpuremote.ray``; this process must be
+    ``pool://NAME`` is a pool of proxies on Ray (``gpuremote.pool``; this process must be
     attached to the cluster): the session goes to its least-loaded live proxy, and with
     ``devices=k`` there are ``k`` sessions on ``k`` different proxies (a list of ``GPU``)."""
     if devices is None:
         return _Connector(url, pipeline, options, limits)
     target = resolve_url(url)
-    if not target.startswith(POOL_SCHEME):
+    if placed(target) is None:
         raise ConfigError(f"devices= needs a pool:// URL, not {target!r}")
     if devices < 1:
         raise ValueError("devices must be at least 1")

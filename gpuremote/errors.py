@@ -15,6 +15,7 @@ __all__ = [
     "GpuRemoteError",
     "LimitExceeded",
     "LocalProtocolError",
+    "PeerUnreachable",
     "ProtocolError",
     "RemoteCallError",
     "RemoteProtocolError",
@@ -61,6 +62,11 @@ class RemoteProtocolError(ProtocolError):
 
 class LimitExceeded(LocalProtocolError):
     """A hard limit (frame size, buffers, commands, ndim, handles, memory) would be exceeded."""
+
+
+class PeerUnreachable(GpuRemoteError):
+    """A proxy could not, or may not, read from another one (a copy between proxies then goes
+    through the client); reported to the client as a ``RemoteCallError`` of this kind."""
 
 
 class RemoteCallError(GpuRemoteError):

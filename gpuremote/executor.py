@@ -13,21 +13,49 @@ import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from .backends import Backend
 from .calls import CallClass
+from .errors import PeerUnreachable
 from .framing import DEVICE_DIRECT_MIN, byte_view
 from .ops import OPS, infer
-from .peers import PeerImports, PeerUnreachable, Tickets
-from .protocol import ArrayDesc, BadCommandAt, Command, ErrorInfo, Reply, StepProgram
+from .protocol import (
+    PROTOCOL_VERSION,
+    ArrayDesc,
+    BadCommandAt,
+    Command,
+    ErrorInfo,
+    Reply,
+    StepProgram,
+)
 from .steps import RecordedStep, StepError, rebind
 
-__all__ = ["PROTOCOL_VERSION", "Executor", "SessionLimits"]
+__all__ = ["PROTOCOL_VERSION", "Executor", "PeerReads", "SessionLimits", "TicketTable"]
 
-PROTOCOL_VERSION = 1
+
+class TicketTable(Protocol):
+    """The proxy's table of exported arrays (``peers.Tickets``): ``peer_export`` adds to it,
+    ``peer_read`` takes from it, a session's end drops what it left."""
+
+    def add(self, session: int, buffer: Any, nbytes: int) -> str: ...
+    def take(self, ticket: str) -> tuple[Any, int]: ...
+    def held_bytes(self, session: int | None = None) -> int: ...
+    def drop_session(self, session: int) -> None: ...
+
+
+class PeerReads(Protocol):
+    """A session's reads from other proxies (``peers.PeerImports``): the proxy's session
+    ``fetch``es the data of a batch's ``peer_import`` commands (on the loop) when it
+    ``wanted`` some, before the batch runs; the executor ``take``s it as the import runs."""
+
+    def wanted(self, commands: Sequence[Command | BadCommandAt]) -> bool: ...
+    async def fetch(self, commands: Sequence[Command | BadCommandAt]) -> None: ...
+    def take(self, url: str, ticket: str) -> memoryview: ...
+    def clear(self) -> None: ...
+
 
 # calls that manage resources rather than queue work on a stream: never skipped
 _MANAGEMENT = frozenset(
@@ -84,8 +112,8 @@ class Executor:
         session_id: int = 0,
         info: dict[str, Any] | None = None,
         admin: Callable[[str], dict[str, Any]] | None = None,
-        tickets: Tickets | None = None,
-        peers: PeerImports | None = None,
+        tickets: TicketTable | None = None,
+        peers: PeerReads | None = None,
         device_io: bool = False,
     ) -> None:
         self.backend = backend

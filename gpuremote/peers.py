@@ -31,13 +31,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .calls import CALLS_BY_NAME
-from .errors import ConfigError
+from .connection import open_session
+from .errors import ConfigError, PeerUnreachable
 from .protocol import Command
 from .transports import Address
 
 if TYPE_CHECKING:
-    from .client import GPU
     from .protocol import BadCommandAt
+    from .session import Session
 
 __all__ = [
     "PEER_TIMEOUT_S",
@@ -57,11 +58,6 @@ MAX_TICKETS_PER_SESSION = 16
 PEER_TIMEOUT_S = 30.0
 #: a link to a peer unused this long is closed
 LINK_IDLE_S = 60.0
-
-
-class PeerUnreachable(Exception):
-    """The importing proxy could not, or may not, read from the exporting one (the client
-    then copies the data through itself)."""
 
 
 def peer_key(url: str) -> str:
@@ -144,7 +140,7 @@ class PeerLinks:
 
     ``allowed`` are the peers' URLs (``allow`` replaces them); a read from any other URL is
     refused before any connection is attempted. ``connect`` opens a link (by default
-    ``gpuremote.client.connect`` with the proxy's secret). Runs on ``loop``."""
+    ``gpuremote.connection.open_session`` with the proxy's secret). Runs on ``loop``."""
 
     def __init__(
         self,
@@ -161,10 +157,10 @@ class PeerLinks:
         self.timeout_s = timeout_s
         self.idle_s = idle_s
         self._allowed: frozenset[str] = frozenset(peer_key(u) for u in allowed)
-        self._links: dict[str, GPU] = {}
+        self._links: dict[str, Session] = {}
         self._used: dict[str, float] = {}  # link -> when it was last used
         self._busy: dict[str, int] = {}  # link -> reads under way
-        self._opening: dict[str, asyncio.Future[GPU]] = {}
+        self._opening: dict[str, asyncio.Future[Session]] = {}
         self._reaper: asyncio.TimerHandle | None = None
         self.bytes_in = 0  # bytes read from other proxies
         self.refused = 0  # reads refused: not a peer
@@ -202,8 +198,8 @@ class PeerLinks:
         self._busy[key] = self._busy.get(key, 0) + 1  # not reaped while a read is under way
         try:
             async with asyncio.timeout(self.timeout_s):
-                gpu = await self._link(key)
-                value, bufs = await gpu._session.call(_PEER_READ, 0, [ticket])
+                link = await self._link(key)
+                value, bufs = await link.call(_PEER_READ, 0, [ticket])
         except TimeoutError:
             self._drop(key)
             raise PeerUnreachable(
@@ -219,17 +215,17 @@ class PeerLinks:
         self.bytes_in += data.nbytes
         return data
 
-    async def _link(self, key: str) -> GPU:
-        gpu = self._links.get(key)
-        if gpu is not None and not gpu._session.closed:
-            return gpu
+    async def _link(self, key: str) -> Session:
+        link = self._links.get(key)
+        if link is not None and not link.closed:
+            return link
         opening = self._opening.get(key)
         if opening is not None:
             return await asyncio.shield(opening)
-        fut: asyncio.Future[GPU] = self._loop.create_future()
+        fut: asyncio.Future[Session] = self._loop.create_future()
         self._opening[key] = fut
         try:
-            gpu = await self._open(key)
+            link = await self._open(key)
         except Exception as exc:
             err = PeerUnreachable(f"cannot reach the proxy at {key}: {exc}")
             fut.set_exception(err)
@@ -240,23 +236,22 @@ class PeerLinks:
             raise
         finally:
             self._opening.pop(key, None)
-        fut.set_result(gpu)
+        fut.set_result(link)
         if key not in self._allowed:  # no longer a peer while it was being opened
-            self._loop.create_task(gpu.aclose())
+            self._loop.create_task(link.aclose())
             raise PeerUnreachable(f"{key} stopped being a peer of this proxy")
-        self._links[key] = gpu
+        self._links[key] = link
         self._used[key] = self._loop.time()
         if self._reaper is None:
             self._reaper = self._loop.call_later(self.idle_s, self._reap)
-        return gpu
+        return link
 
-    async def _open(self, url: str) -> GPU:
+    async def _open(self, url: str) -> Session:
         if self._connect is not None:
-            gpu: GPU = await self._connect(url)
-            return gpu
-        from .client import connect
-
-        return await connect(url, secret=self._secret, connect_timeout=5.0)
+            link: Session = await self._connect(url)
+            return link
+        session, _ = await open_session(url, secret=self._secret, connect_timeout=5.0)
+        return session
 
     def _reap(self) -> None:
         """Close the links unused for ``idle_s``."""
@@ -271,9 +266,9 @@ class PeerLinks:
 
     def _drop(self, key: str) -> None:
         self._used.pop(key, None)
-        gpu = self._links.pop(key, None)
-        if gpu is not None:
-            self._loop.create_task(gpu.aclose())
+        link = self._links.pop(key, None)
+        if link is not None:
+            self._loop.create_task(link.aclose())
         if not self._links and self._reaper is not None:
             self._reaper.cancel()
             self._reaper = None
@@ -284,9 +279,9 @@ class PeerLinks:
             self._reaper = None
         links, self._links = self._links, {}
         self._used.clear()
-        for gpu in links.values():
+        for link in links.values():
             with contextlib.suppress(Exception):  # a link that may be gone already
-                await gpu.aclose()
+                await link.aclose()
 
 
 class PeerImports:

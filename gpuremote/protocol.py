@@ -29,6 +29,7 @@ __all__ = [
     "FATAL",
     "GREETING",
     "NOTICE",
+    "PROTOCOL_VERSION",
     "REPLY",
     "REQUEST",
     "STATUS_ERROR",
@@ -51,6 +52,9 @@ __all__ = [
     "encode_request",
     "request_local_calls",
 ]
+
+#: the version of the wire protocol; a client and a proxy must speak the same
+PROTOCOL_VERSION = 1
 
 REQUEST, REPLY, FATAL, NOTICE, GREETING = 1, 2, 3, 4, 5
 STATUS_OK, STATUS_ERROR = 0, 1

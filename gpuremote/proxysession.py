@@ -24,10 +24,11 @@ from .auth import new_nonce, verify
 from .deadlines import Deadlines
 from .devicequeue import DeviceQueue, Result
 from .errors import ConnectionClosed, GpuRemoteError, ProtocolError
-from .executor import PROTOCOL_VERSION, Executor
+from .executor import Executor
 from .framing import Frame, FrameLimits
 from .monitor import SessionFigures
 from .protocol import (
+    PROTOCOL_VERSION,
     BadCommandAt,
     Command,
     decode_message,

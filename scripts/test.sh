@@ -10,4 +10,5 @@ fi
 .venv/bin/ruff check gpuremote transports bench tests examples
 .venv/bin/ruff format --check gpuremote transports bench tests examples
 .venv/bin/mypy gpuremote transports bench
+./scripts/lint_imports.sh  # the layers: import-linter's contracts in pyproject.toml
 .venv/bin/python -m pytest "$@"

@@ -344,3 +344,13 @@ async def test_spin_wait_gives_the_same_results(url: str) -> None:
         assert bytes(await gpu.ping(b"spin")) == b"spin"
         np.testing.assert_array_equal(await (a + a).get(), np.arange(6, dtype=np.float32) * 2)
         await gpu.synchronize()
+
+
+async def test_dynamic_shape_launches_on_the_async_front_end(gpu: gpuremote.GPU) -> None:
+    x = gpu.asarray(np.array([0, 3, 0, 5, 7], dtype=np.int32))
+    (idx,) = await gpu.launch_dynamic("nonzero", x)
+    assert idx.shape == (3,)
+    np.testing.assert_array_equal(await idx.get(), [1, 3, 4])
+    values, counts = await gpu.launch_dynamic("unique_counts", x, n_out=2)
+    np.testing.assert_array_equal(await values.get(), [0, 3, 5, 7])
+    np.testing.assert_array_equal(await counts.get(), [2, 1, 1, 1])

@@ -270,3 +270,19 @@ def test_tickets_expire() -> None:
     t.add(2, b"b", 1)
     t.drop_session(1)
     assert len(t) == 1 and t.held_bytes() == 1
+
+
+async def test_async_to_device_goes_proxy_to_proxy(proxies: _Proxies) -> None:
+    _, ua = proxies.start()
+    pb, ub = proxies.start(peers=[ua])
+    host = np.random.default_rng(2).standard_normal((256, 256)).astype(np.float32)
+    async with gpuremote.connect(ua) as a, gpuremote.connect(ub) as b:
+        x = a.asarray(host) * 2.0
+        assert await x.to_device(a) is x
+        y = await x.to_device(b)
+        assert b.last_copy == "proxy to proxy"
+        assert y.shape == x.shape and y.dtype == x.dtype
+        np.testing.assert_array_equal(await (y + 1.0).get(), host * 2.0 + 1.0)
+        assert pb.peers is not None and pb.peers.bytes_in == host.nbytes
+        with pytest.raises(ValueError, match="two devices"):
+            x + y

@@ -24,6 +24,8 @@ import math as _math
 from typing import Any as _Any
 from typing import overload as _overload
 
+from ..config import resolve_url
+from ..connection import place_now, placed
 from . import _standard, fft, linalg
 from ._array import Array as Array
 from ._device import Device, default_device, open_devices, set_default_device
@@ -79,7 +81,7 @@ def connect(
     and make it the default device. Options are those of ``gpuremote.connect`` (``secret=``,
     pipeline settings). Use as ``with xp.connect(url):`` to close it at the end.
 
-    ``pool://NAME`` places the session on a pool's least-loaded proxy (``gpuremote.ray``);
+    ``pool://NAME`` places the session on a pool's least-loaded proxy (``gpuremote.pool``);
     ``devices=k`` opens ``k`` sessions on ``k`` different proxies of the pool and returns the
     list of devices (the first becomes the default)."""
     k = devices
@@ -87,18 +89,14 @@ def connect(
         device = Device(url, **options)
         set_default_device(device)
         return device
-    from ..client import POOL_SCHEME, pool_name
-    from ..config import resolve_url
-    from ..ray import place_now
-
     target = resolve_url(url)
-    if not target.startswith(POOL_SCHEME):
+    if placed(target) is None:
         raise ValueError(f"devices= needs a pool:// URL, not {target!r}")
-    urls, secret = place_now(pool_name(target), int(k))
+    urls, extra = place_now(target, int(k))
     opened: list[Device] = []
     try:
         for u in urls:
-            opened.append(Device(u, **{**options, "secret": secret}))
+            opened.append(Device(u, **{**options, **extra}))
     except BaseException:
         for d in opened:
             d.close()

@@ -10,16 +10,13 @@ from __future__ import annotations
 import operator
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from ..client import ArrayMetadata, _dtype_name
+from ..arraycore import ArrayRef
 from ..errors import LocalProtocolError
 from ._dtypes import DType, wrap
-
-if TYPE_CHECKING:
-    from ._device import Buffer, Device
 
 __all__ = ["Array", "encode_index"]
 
@@ -63,30 +60,26 @@ def encode_index(key: Any, shape: tuple[int, ...]) -> tuple[list[int], tuple[int
     return flat, (*out, *shape[dim:])
 
 
-class Array(ArrayMetadata):
-    """An array on a gpuremote device; see the module docstring."""
+class Array(ArrayRef):
+    """An array on a gpuremote device (the array core's, ``gpuremote.arraycore``); see the
+    module docstring."""
 
-    __slots__ = ("__weakref__", "_buf", "_device", "_dtype", "_wire", "shape")
+    __slots__ = ()
     __array_ufunc__ = None  # NumPy operators defer to ours (no silent download)
     __hash__ = None  # type: ignore[assignment]
 
-    def __init__(
-        self, device: Device, buf: Buffer, shape: tuple[int, ...], dtype: np.dtype[Any]
-    ) -> None:
-        self._device = device
-        self._buf = buf
-        self.shape = shape
-        self._dtype = dtype
-        self._wire = [buf.handle, 0, list(shape), _dtype_name(dtype)]
+    @property
+    def _device(self) -> Any:  # the Device (``_device`` imports this module)
+        return self._core.owner
 
     @property
-    def dtype(self) -> DType:  # type: ignore[override]
+    def dtype(self) -> DType:
         """The data type (one of the namespace's, such as ``xp.float32``)."""
         return wrap(self._dtype)
 
     # -- metadata (local; ndim, size and nbytes come from ArrayMetadata) ---------------------
     @property
-    def device(self) -> Device:
+    def device(self) -> Any:
         """The device the array lives on."""
         return self._device
 
@@ -95,12 +88,13 @@ class Array(ArrayMetadata):
         """The transpose of a 2-D array."""
         if self.ndim != 2:
             raise ValueError(f".T needs a 2-D array, got {self.ndim} dimensions (use .mT)")
-        return _f.matrix_transpose(self)
+        return self.mT
 
     @property
     def mT(self) -> Array:
         """The last two axes swapped."""
-        return _f.matrix_transpose(self)
+        out: Array = self._core.launch("matrix_transpose", [self], {})[0]
+        return out
 
     def __array_namespace__(self, api_version: str | None = None) -> Any:
         if api_version not in (None, "2023.12", "2024.12"):
@@ -130,11 +124,10 @@ class Array(ArrayMetadata):
             return self._device.fetch(self)
         if device is self._device:
             return self
-        from ._device import Device
-
-        if not isinstance(device, Device):
+        copy_from = getattr(device, "copy_from", None)
+        if copy_from is None:
             raise ValueError(f"{device!r} is not a gpuremote.xp device")
-        return device.copy_from(self)
+        return copy_from(self)
 
     def __dlpack__(
         self,
@@ -252,160 +245,158 @@ class Array(ArrayMetadata):
 
     # -- operators -------------------------------------------------------------------------
     def __add__(self, other: Any) -> Array:
-        return _f._binary("add", self, other)
+        return self._core.apply("add", (self, other), {}, None, 0, False)
 
     def __radd__(self, other: Any) -> Array:
-        return _f._binary("add", other, self)
+        return self._core.apply("add", (other, self), {}, None, 0, False)
 
     def __iadd__(self, other: Any) -> Array:
-        return _f._binary("add", self, other, into=self)
+        return self._core.apply("add", (self, other), {}, self, 0, False)
 
     def __sub__(self, other: Any) -> Array:
-        return _f._binary("subtract", self, other)
+        return self._core.apply("subtract", (self, other), {}, None, 0, False)
 
     def __rsub__(self, other: Any) -> Array:
-        return _f._binary("subtract", other, self)
+        return self._core.apply("subtract", (other, self), {}, None, 0, False)
 
     def __isub__(self, other: Any) -> Array:
-        return _f._binary("subtract", self, other, into=self)
+        return self._core.apply("subtract", (self, other), {}, self, 0, False)
 
     def __mul__(self, other: Any) -> Array:
-        return _f._binary("multiply", self, other)
+        return self._core.apply("multiply", (self, other), {}, None, 0, False)
 
     def __rmul__(self, other: Any) -> Array:
-        return _f._binary("multiply", other, self)
+        return self._core.apply("multiply", (other, self), {}, None, 0, False)
 
     def __imul__(self, other: Any) -> Array:
-        return _f._binary("multiply", self, other, into=self)
+        return self._core.apply("multiply", (self, other), {}, self, 0, False)
 
     def __truediv__(self, other: Any) -> Array:
-        return _f._binary("divide", self, other)
+        return self._core.apply("divide", (self, other), {}, None, 0, False)
 
     def __rtruediv__(self, other: Any) -> Array:
-        return _f._binary("divide", other, self)
+        return self._core.apply("divide", (other, self), {}, None, 0, False)
 
     def __itruediv__(self, other: Any) -> Array:
-        return _f._binary("divide", self, other, into=self)
+        return self._core.apply("divide", (self, other), {}, self, 0, False)
 
     def __floordiv__(self, other: Any) -> Array:
-        return _f._binary("floor_divide", self, other)
+        return self._core.apply("floor_divide", (self, other), {}, None, 0, False)
 
     def __rfloordiv__(self, other: Any) -> Array:
-        return _f._binary("floor_divide", other, self)
+        return self._core.apply("floor_divide", (other, self), {}, None, 0, False)
 
     def __ifloordiv__(self, other: Any) -> Array:
-        return _f._binary("floor_divide", self, other, into=self)
+        return self._core.apply("floor_divide", (self, other), {}, self, 0, False)
 
     def __mod__(self, other: Any) -> Array:
-        return _f._binary("remainder", self, other)
+        return self._core.apply("remainder", (self, other), {}, None, 0, False)
 
     def __rmod__(self, other: Any) -> Array:
-        return _f._binary("remainder", other, self)
+        return self._core.apply("remainder", (other, self), {}, None, 0, False)
 
     def __imod__(self, other: Any) -> Array:
-        return _f._binary("remainder", self, other, into=self)
+        return self._core.apply("remainder", (self, other), {}, self, 0, False)
 
     def __pow__(self, other: Any) -> Array:
-        return _f._binary("pow", self, other)
+        return self._core.apply("pow", (self, other), {}, None, 0, False)
 
     def __rpow__(self, other: Any) -> Array:
-        return _f._binary("pow", other, self)
+        return self._core.apply("pow", (other, self), {}, None, 0, False)
 
     def __ipow__(self, other: Any) -> Array:
-        return _f._binary("pow", self, other, into=self)
+        return self._core.apply("pow", (self, other), {}, self, 0, False)
 
     def __matmul__(self, other: Any) -> Array:
-        return _f.matmul(self, other)
+        return self._core.apply("matmul", (self, other), {}, None, 0, False)
 
     def __rmatmul__(self, other: Any) -> Array:
-        return _f.matmul(other, self)
+        return self._core.apply("matmul", (other, self), {}, None, 0, False)
 
     def __imatmul__(self, other: Any) -> Array:
-        return self._device.launch("matmul", [self, _f._array_like(other, self)], {}, into=self)[0]
+        return self._core.apply("matmul", (self, other), {}, self, 0, False)
 
     def __and__(self, other: Any) -> Array:
-        return _f._binary("bitwise_and", self, other)
+        return self._core.apply("bitwise_and", (self, other), {}, None, 0, False)
 
     def __rand__(self, other: Any) -> Array:
-        return _f._binary("bitwise_and", other, self)
+        return self._core.apply("bitwise_and", (other, self), {}, None, 0, False)
 
     def __iand__(self, other: Any) -> Array:
-        return _f._binary("bitwise_and", self, other, into=self)
+        return self._core.apply("bitwise_and", (self, other), {}, self, 0, False)
 
     def __or__(self, other: Any) -> Array:
-        return _f._binary("bitwise_or", self, other)
+        return self._core.apply("bitwise_or", (self, other), {}, None, 0, False)
 
     def __ror__(self, other: Any) -> Array:
-        return _f._binary("bitwise_or", other, self)
+        return self._core.apply("bitwise_or", (other, self), {}, None, 0, False)
 
     def __ior__(self, other: Any) -> Array:
-        return _f._binary("bitwise_or", self, other, into=self)
+        return self._core.apply("bitwise_or", (self, other), {}, self, 0, False)
 
     def __xor__(self, other: Any) -> Array:
-        return _f._binary("bitwise_xor", self, other)
+        return self._core.apply("bitwise_xor", (self, other), {}, None, 0, False)
 
     def __rxor__(self, other: Any) -> Array:
-        return _f._binary("bitwise_xor", other, self)
+        return self._core.apply("bitwise_xor", (other, self), {}, None, 0, False)
 
     def __ixor__(self, other: Any) -> Array:
-        return _f._binary("bitwise_xor", self, other, into=self)
+        return self._core.apply("bitwise_xor", (self, other), {}, self, 0, False)
 
     def __lshift__(self, other: Any) -> Array:
-        return _f._binary("bitwise_left_shift", self, other)
+        return self._core.apply("bitwise_left_shift", (self, other), {}, None, 0, False)
 
     def __rlshift__(self, other: Any) -> Array:
-        return _f._binary("bitwise_left_shift", other, self)
+        return self._core.apply("bitwise_left_shift", (other, self), {}, None, 0, False)
 
     def __ilshift__(self, other: Any) -> Array:
-        return _f._binary("bitwise_left_shift", self, other, into=self)
+        return self._core.apply("bitwise_left_shift", (self, other), {}, self, 0, False)
 
     def __rshift__(self, other: Any) -> Array:
-        return _f._binary("bitwise_right_shift", self, other)
+        return self._core.apply("bitwise_right_shift", (self, other), {}, None, 0, False)
 
     def __rrshift__(self, other: Any) -> Array:
-        return _f._binary("bitwise_right_shift", other, self)
+        return self._core.apply("bitwise_right_shift", (other, self), {}, None, 0, False)
 
     def __irshift__(self, other: Any) -> Array:
-        return _f._binary("bitwise_right_shift", self, other, into=self)
+        return self._core.apply("bitwise_right_shift", (self, other), {}, self, 0, False)
 
     def __eq__(self, other: Any) -> Array:  # type: ignore[override]
-        return _f._binary("equal", self, other)
+        return self._core.apply("equal", (self, other), {}, None, 0, False)
 
     def __ne__(self, other: Any) -> Array:  # type: ignore[override]
-        return _f._binary("not_equal", self, other)
+        return self._core.apply("not_equal", (self, other), {}, None, 0, False)
 
     def __lt__(self, other: Any) -> Array:
-        return _f._binary("less", self, other)
+        return self._core.apply("less", (self, other), {}, None, 0, False)
 
     def __le__(self, other: Any) -> Array:
-        return _f._binary("less_equal", self, other)
+        return self._core.apply("less_equal", (self, other), {}, None, 0, False)
 
     def __gt__(self, other: Any) -> Array:
-        return _f._binary("greater", self, other)
+        return self._core.apply("greater", (self, other), {}, None, 0, False)
 
     def __ge__(self, other: Any) -> Array:
-        return _f._binary("greater_equal", self, other)
+        return self._core.apply("greater_equal", (self, other), {}, None, 0, False)
 
     def __neg__(self) -> Array:
-        return _f._unary("negative", self)
+        return self._core.apply("negative", (self,), {}, None, 0, False)
 
     def __pos__(self) -> Array:
-        return _f._unary("positive", self)
+        return self._core.apply("positive", (self,), {}, None, 0, False)
 
     def __abs__(self) -> Array:
-        return _f._unary("abs", self)
+        return self._core.apply("abs", (self,), {}, None, 0, False)
 
     def __invert__(self) -> Array:
-        return _f._unary("bitwise_invert", self)
+        return self._core.apply("bitwise_invert", (self,), {}, None, 0, False)
 
     def reshape(self, *shape: Any) -> Array:
         """A view with another shape (local: our arrays are contiguous)."""
         dims = shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape
-        return _f.reshape(self, tuple(dims))
+        out: Array = self._core.reshape(self, dims)
+        return out
 
     def _check_open(self) -> None:
         if self._device.closed:
             raise LocalProtocolError(f"the array's device {self._device.url} is closed")
-
-
-from . import _functions as _f  # noqa: E402  (the functions use Array)

@@ -16,7 +16,6 @@ import atexit
 import concurrent.futures
 import contextlib
 import itertools
-import math
 import threading
 import time
 import weakref
@@ -26,35 +25,22 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from .. import arraycore
-from ..arraycore import Buffer
+from ..arraycore import Call, Core, HostCopies, Reply, Steps
 from ..calls import CALLS_BY_NAME, CallSpec
-from ..client import GPU
-from ..client import connect as _connect
-from ..errors import ConnectionClosed, RemoteCallError
-from ..framing import byte_view
-from ..ops import OpError, OpTypeError
-from ..protocol import DTYPES
-from ..session import BUFFER
+from ..config import resolve_url
+from ..connection import open_session, place
+from ..errors import ConnectionClosed
+from ._array import Array
 
 __all__ = ["Device", "default_device", "set_default_device"]
 
 T = TypeVar("T")
 _C = CALLS_BY_NAME
-_ALLOC, _FREE, _LAUNCH, _LAUNCH_NEW = _C["alloc"], _C["free"], _C["launch"], _C["launch_new"]
-_COPY_H2D, _COPY_D2H, _DYNAMIC = _C["copy_h2d"], _C["copy_d2h"], _C["launch_dynamic"]
-_PEER_EXPORT, _PEER_READ, _PEER_IMPORT = _C["peer_export"], _C["peer_read"], _C["peer_import"]
+_FREE = _C["free"]
 
 _OPEN: weakref.WeakSet[Device] = weakref.WeakSet()
 _opened = itertools.count()  # the order devices were opened in
 _IDLE_S = 0.05  # how long the helper polls after the last post before it sleeps
-
-
-def _raise_local(exc: OpError) -> None:
-    """The standard's exception type for what an op's checks refused."""
-    if isinstance(exc, OpTypeError):
-        raise TypeError(str(exc)) from None
-    raise ValueError(str(exc)) from None
 
 
 class Device:
@@ -94,24 +80,40 @@ class Device:
         self._helper = threading.Thread(target=self._help, name="gpuremote-xp", daemon=True)
         self._helper.start()
 
-        async def open_() -> GPU:
-            target = url
-            if serve is not None:  # a proxy of our own, on this loop
+        async def open_() -> tuple[str, Any, dict[str, Any]]:
+            if serve is not None:  # a proxy of our own, on this loop (loads the proxy side)
                 from ..proxy import Proxy
 
                 self._proxy = Proxy(serve)
                 target = await self._proxy.start(url or f"inproc://xp-{id(self):x}")
-            return await _connect(target, **options)
+                extra: dict[str, Any] = {}
+            else:
+                (target,), extra = await place(resolve_url(url), 1)
+            session, info = await open_session(target, **{**options, **extra})
+            return target, session, info
 
         try:
-            self.gpu = self._run(open_())
+            self.url, self.session, self.info = self._run(open_())
         except BaseException:
             self._stop_loop()
             raise
-        self.session = self.gpu._session
-        self.url = self.gpu.url
+        cfg = self.session.config
+        #: the array core of this device's session (``gpuremote.arraycore``)
+        self.core = Core(
+            self,
+            self.session,
+            self.post,
+            self._release,
+            Array,
+            HostCopies(cfg.shadow, cfg.shadow_max_bytes),
+        )
         self._order = next(_opened)
         _OPEN.add(self)
+
+    @property
+    def backend(self) -> str:
+        """The proxy's backend (``numpy``, ``cupy``, ``sim``)."""
+        return str(self.info.get("backend", "?"))
 
     # -- driving the loop ------------------------------------------------------------------
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -262,55 +264,40 @@ class Device:
                 self._owner.release()
         return self._run(self._call(spec, args, buffer))
 
-    # -- arrays ----------------------------------------------------------------------------
+    def _drive_steps(self, steps: Steps) -> Any:
+        """Run an array core procedure that waits for replies, each in the calling thread."""
+        try:
+            call: Call = next(steps)
+            while True:
+                core, spec, _, args, buf = call
+                device: Device = core.owner
+                try:
+                    reply: Reply = device.call(spec, args, buf)
+                except Exception as exc:
+                    call = steps.throw(exc)
+                else:
+                    call = steps.send(reply)
+        except StopIteration as stop:
+            return stop.value
+
+    # -- arrays (the array core's; this front end only waits) -------------------------------
     def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Array:
         """A new, uninitialised array (one ASYNC alloc)."""
-        out = self._new(shape, dtype)
-        self.post(_ALLOC, 0, [out._buf.handle, out._buf.nbytes])
+        out: Array = self.core.empty(shape, dtype)
         return out
 
-    def _new(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Array:
-        """An array on a new buffer handle, allocated by whoever uses it first."""
-        nbytes = dtype.itemsize
-        for d in shape:
-            nbytes *= d
-        return Array(self, Buffer(self._release, self.session.new_handle(), nbytes), shape, dtype)
-
     def upload(self, host: np.ndarray[Any, Any]) -> Array:
-        """A remote copy of ``host`` (ASYNC alloc and upload; the host copy is kept)."""
-        snap = np.array(host, order="C", copy=True)
-        if snap.dtype.name not in DTYPES:
-            raise TypeError(f"dtype {snap.dtype} is not supported by gpuremote")
-        out = self.empty(snap.shape, snap.dtype)
-        out._buf.host = snap.reshape(-1).view(np.uint8)
-        self.post(_COPY_H2D, 0, [out._wire, BUFFER], byte_view(snap))
+        """A remote copy of ``host`` (ASYNC alloc and upload; the host copy is kept within
+        the session's ``shadow_max_bytes``)."""
+        out: Array = self.core.upload(host)
         return out
 
     def copy_from(self, array: Array) -> Array:
         """A copy on this device of ``array``, which is on another one: proxy to proxy where
         this device's proxy can reach the other's (the data never comes to this process),
         else through this process. ``last_copy`` says which way the last one went."""
-        src = array._device
-        ticket, _ = src.call(_PEER_EXPORT, [array._wire])
-        out = self.empty(array.shape, array._dtype)
-        try:
-            self.call(_PEER_IMPORT, [out._wire, src.url, ticket])
-            self.last_copy = "proxy to proxy"
-        except RemoteCallError as exc:
-            if exc.kind != "PeerUnreachable":
-                raise
-            value, bufs = src.call(_PEER_READ, [ticket])
-            self.post(_COPY_H2D, 0, [out._wire, BUFFER], bufs[value])
-            self.last_copy = f"through the client ({exc.message})"
+        out, self.last_copy = self._drive_steps(array._core.to_device(array, self.core))
         return out
-
-    def meta(self, name: str, arrays: Sequence[Array], params: dict[str, Any]) -> list[Any]:
-        """Output shapes and dtypes of op ``xp.name`` (raising the standard's errors)."""
-        try:
-            return arraycore.infer(name, [(a.shape, a._dtype) for a in arrays], params)
-        except OpError as exc:
-            _raise_local(exc)
-            raise  # unreachable
 
     def launch(
         self,
@@ -320,53 +307,24 @@ class Device:
         into: Array | None = None,
     ) -> list[Array]:
         """Run op ``xp.name`` (ASYNC): new output arrays, or in place into ``into``."""
-        for a in arrays:
-            if a._device is not self:
-                raise ValueError(
-                    f"arrays on two devices ({a._device.url} and {self.url}) cannot be combined"
-                )
-        metas = self.meta(name, arrays, params)
-        if into is not None:
-            if metas != [(into.shape, into._dtype)]:
-                (shape, dt), *_ = metas
-                raise ValueError(
-                    f"in-place {name} would give shape {shape} and dtype {dt}, "
-                    f"not the array's {into.shape} and {into.dtype}"
-                )
-            into._buf.host = None
-            outs = [into]
-            call = _LAUNCH
-        else:  # the outputs' buffers are allocated by the launch itself
-            outs = [self._new(shape, dt) for shape, dt in metas]
-            call = _LAUNCH_NEW
-        self.post(call, 0, [name, [a._wire for a in arrays], [o._wire for o in outs], params])
-        return outs
+        return self.core.launch(name, arrays, params, None if into is None else [into])
 
     def launch_dynamic(
         self, name: str, arrays: Sequence[Array], params: dict[str, Any], n_out: int
     ) -> list[Array]:
         """Run op ``xp.name``, whose output shapes depend on the data (SYNC)."""
-        self.meta(name, arrays, params)
-        handles = [self.session.new_handle() for _ in range(n_out)]
-        value, _ = self.call(_DYNAMIC, [name, [a._wire for a in arrays], handles, params])
-        outs = []
-        for h, (shape, dtype) in zip(handles, value, strict=True):
-            dt = DTYPES[dtype]
-            buf = Buffer(self._release, h, math.prod(shape) * dt.itemsize)
-            outs.append(Array(self, buf, tuple(shape), dt))
+        outs: list[Array] = self._drive_steps(self.core.dynamic(name, arrays, params, n_out))
         return outs
 
     def fetch(self, array: Array) -> np.ndarray[Any, Any]:
-        """The array's data on the host: its known host copy, else a device-to-host copy
-        (SYNC), which then becomes the known host copy."""
-        buf = array._buf
-        host = buf.host
-        if host is None:
-            value, bufs = self.call(_COPY_D2H, [array._wire])
-            host = np.frombuffer(bufs[value], dtype=np.uint8)
-            if array.nbytes == buf.nbytes:  # the whole buffer: keep it
-                buf.host = host
-        return host[: array.nbytes].view(array._dtype).reshape(array.shape).copy()
+        """The array's data on the host: its kept host copy, else a device-to-host copy
+        (SYNC), kept where the host-copy policy allows."""
+        core = self.core
+        host = core.cached(array)
+        if host is not None:
+            return host
+        _, spec, _, args, buf = core.download(array)
+        return core.downloaded(array, self.call(spec, args, buf))
 
     def synchronize(self) -> None:
         """Wait until everything posted has run; raises the first deferred error."""
@@ -375,7 +333,7 @@ class Device:
     def stats(self) -> dict[str, Any]:
         """The session's counters (calls per class, frames, round trips, bytes)."""
         self._run(self._noop())
-        return self.gpu.stats()
+        return self.session.counters.as_dict()
 
     async def _noop(self) -> None:
         self._drain()
@@ -395,7 +353,7 @@ class Device:
 
     async def _close(self) -> None:
         self._drain()
-        await self.gpu.aclose()
+        await self.session.aclose()
         if self._proxy is not None:
             await self._proxy.close()
 
@@ -421,7 +379,7 @@ class Device:
         return id(self)
 
     def __repr__(self) -> str:
-        state = "closed" if self.closed else self.gpu.backend
+        state = "closed" if self.closed else self.backend
         return f"<gpuremote.xp.Device {self.url} ({state})>"
 
 
@@ -461,6 +419,3 @@ def open_devices() -> list[Device]:
 def _close_all() -> None:
     for device in list(_OPEN):
         device.close()
-
-
-from ._array import Array  # noqa: E402  (the array module uses Device)

@@ -8,13 +8,13 @@ output shape depends on the data (``nonzero``, ``unique_*``) make one SYNC call.
 from __future__ import annotations
 
 import builtins
-import math
 import operator
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..arraycore import fill_param, scalar_param
 from ..ops import promote, scalar_dtype
 from ..ops.elementwise import BINARY as _BINARY
 from ..ops.elementwise import UNARY as _UNARY
@@ -58,15 +58,12 @@ def _axis(axis: Any) -> Any:
 
 
 def _array_like(x: Any, like: Array) -> Array:
-    """``x`` as an array on ``like``'s device (host data is uploaded)."""
+    """``x`` as an array on ``like``'s device (a scalar takes the dtype the standard gives
+    it; host data is uploaded)."""
     if isinstance(x, Array):
         return x
-    if isinstance(x, (*_PY_SCALARS, np.generic)):
-        v = x.item() if isinstance(x, np.generic) else x
-        return like._device.upload(np.asarray(v, dtype=scalar_dtype(like._dtype, v)))
-    if isinstance(x, np.ndarray):
-        return like._device.upload(x)
-    raise TypeError(f"expected an array or a Python scalar, got {type(x).__name__}")
+    arrays: list[Array] = like._core.operands("asarray", [like, x], {}, host=False)
+    return arrays[1]
 
 
 def _unary(name: str, x: Any, into: Array | None = None) -> Array:
@@ -76,34 +73,13 @@ def _unary(name: str, x: Any, into: Array | None = None) -> Array:
 
 
 def _binary(name: str, x1: Any, x2: Any, into: Array | None = None) -> Array:
-    """``name(x1, x2)``: two arrays, or an array and a Python scalar (which travels as a
-    param and takes the array's dtype, as the standard says)."""
-    if isinstance(x1, Array) and isinstance(x2, Array):
-        return x1._device.launch(name, [x1, x2], {}, into=into)[0]
-    if isinstance(x1, Array):
-        arr, s, reverse = x1, x2, False
-    elif isinstance(x2, Array):
-        arr, s, reverse = x2, x1, True
-    else:
+    """``name(x1, x2)``: two arrays, or an array and a Python scalar (the array core's rule:
+    the scalar takes the array's dtype, as the standard says)."""
+    like = x1 if isinstance(x1, Array) else x2
+    if not isinstance(like, Array):
         raise TypeError(f"{name} needs at least one array argument")
-    if isinstance(s, np.generic):
-        s = s.item()
-    if type(s) not in _PY_SCALARS:
-        other = _array_like(s, arr)
-        pair = [other, arr] if reverse else [arr, other]
-        return arr._device.launch(name, pair, {}, into=into)[0]
-    scalar_dtype(arr._dtype, s)  # the standard's TypeError/OverflowError, raised here
-    if type(s) is complex or (type(s) is int and not -(2**63) <= s < 2**63):
-        if type(s) is int:
-            s = float(s)
-        else:
-            other = _array_like(s, arr)
-            pair = [other, arr] if reverse else [arr, other]
-            return arr._device.launch(name, pair, {}, into=into)[0]
-    params: dict[str, Any] = {"scalar": s}
-    if reverse:
-        params["reverse"] = True
-    return arr._device.launch(name, [arr], params, into=into)[0]
+    out: Array = like._core.apply(name, (x1, x2), {}, into, host=False)
+    return out
 
 
 def _one(name: str, x: Array, **params: Any) -> Array:
@@ -143,7 +119,7 @@ def clip(x: Array, /, min: Any = None, max: Any = None) -> Array:
             arrays.append(bound)
             params[f"n_{key}"] = 1
         elif bound is not None:
-            params[key] = bound.item() if isinstance(bound, np.generic) else bound
+            params[key] = fill_param(x._dtype, bound)
     return x._device.launch("clip", arrays, params)[0]
 
 
@@ -201,7 +177,7 @@ def empty(shape: Any, *, dtype: Any = None, device: Any = None) -> Array:
 def full(shape: Any, fill_value: Any, *, dtype: Any = None, device: Any = None) -> Array:
     """An array of ``fill_value``."""
     dt = _dt(dtype) if dtype is not None else _default_dtype(fill_value)
-    v = fill_value.item() if isinstance(fill_value, np.generic) else fill_value
+    v = fill_param(dt, fill_value)
     params: dict[str, Any] = {"shape": list(_shape(shape)), "dtype": dt.name}
     if isinstance(v, complex):
         params.update(value=v.real, imag=v.imag)
@@ -501,29 +477,14 @@ def unstack(x: Array, /, *, axis: int = 0) -> tuple[Array, ...]:
 def reshape(x: Array, /, shape: Any, *, copy: builtins.bool | None = None) -> Array:
     """Another shape of the same data: a view (local; no call is sent), or a copy with
     ``copy=True``."""
-    dims = _shape(shape)
-    if dims.count(-1) > 1:
-        raise ValueError("reshape takes at most one -1")
-    if -1 in dims:
-        known = math.prod(d for d in dims if d != -1)
-        if known == 0 or x.size % known:
-            raise ValueError(f"cannot reshape {x.shape} into {dims}")
-        dims = tuple(x.size // known if d == -1 else d for d in dims)
-    if math.prod(dims) != x.size or builtins.any(d < 0 for d in dims):
-        raise ValueError(f"cannot reshape {x.shape} into {dims}")
-    if copy:
-        x = astype(x, x._dtype, copy=True)
-    return Array(x._device, x._buf, dims, x._dtype)
+    view: Array = x._core.reshape(x, _shape(shape))
+    return astype(view, x._dtype, copy=True) if copy else view
 
 
 # -- linear algebra ---------------------------------------------------------------------------
 def matmul(x1: Array, x2: Array, /) -> Array:
     """The matrix product (``@``)."""
-    if not isinstance(x1, Array):
-        x1 = _array_like(x1, x2)
-    if not isinstance(x2, Array):
-        x2 = _array_like(x2, x1)
-    return x1._device.launch("matmul", [x1, x2], {})[0]
+    return _binary("matmul", x1, x2)
 
 
 def matrix_transpose(x: Array, /) -> Array:
@@ -583,7 +544,7 @@ def where(condition: Array, x1: Any, x2: Any, /) -> Array:
         arr, s, reverse = (x1, x2, False) if isinstance(x1, Array) else (x2, x1, True)
         s = s.item() if isinstance(s, np.generic) else s
         if type(s) in (builtins.bool, int, float):
-            params: dict[str, Any] = {"scalar": s}
+            params: dict[str, Any] = {"scalar": scalar_param(arr._dtype, s)}
             if reverse:
                 params["reverse"] = True
             return dev.launch("where", [condition, arr], params)[0]
