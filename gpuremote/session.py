@@ -25,7 +25,6 @@ from .aio import spin_until_done
 from .calls import CALLS_BY_NAME, CALLS_BY_OPCODE, Arg, CallClass, CallSpec
 from .config import PipelineConfig
 from .errors import (
-    CaptureError,
     ConnectionClosed,
     GpuRemoteError,
     LocalProtocolError,
@@ -146,7 +145,7 @@ class Session:
         self._error: BaseException | None = None
         self._unsent: deque[LocalProtocolError] = deque()  # ASYNC calls that were not sent
         self._closing = False
-        #: the step being captured: ASYNC calls are recorded as they are queued
+        #: the step being captured (``gpuremote.capture``): calls that wait are refused
         self.recording: Recording | None = None
         self.notices: deque[Any] = deque(maxlen=64)  # the proxy's latest notices
         self.shutting_down = False
@@ -218,8 +217,6 @@ class Session:
     ) -> None:
         """Queue an ASYNC call; returns at once."""
         self.check_open()
-        if self.recording is not None:  # checked before anything is queued
-            self.recording.add(spec, stream, args)
         self.counters.calls["async"] += 1
         if self._to_free and (
             len(self._to_free) >= _FREES_PER_COMMAND
@@ -267,10 +264,7 @@ class Session:
         ``wait`` waits for (on the session's loop)."""
         self.check_open()
         if self.recording is not None:
-            raise CaptureError(
-                f"{spec.name} waits for the device, which a captured step cannot do while it "
-                "is recorded (capture what computes; read results after the step)"
-            )
+            self.recording.refuse(f"{spec.name} (it waits for the device's answer)")
         if self._unsent:  # an earlier ASYNC call could not be sent: raised here, once
             self._flush_now()
             raise self._unsent.popleft()
@@ -316,7 +310,7 @@ class Session:
         caller's buffer without copying it); its error, if any, is deferred as usual."""
         self.check_open()
         if self.recording is not None:
-            raise CaptureError(f"{spec.name} sends host data, which a captured step cannot hold")
+            self.recording.refuse(f"{spec.name} (host data sent to the device)")
         self.counters.calls["async"] += 1
         cmd = self._command(spec, stream, args, buffer, ack=True)
         fut: asyncio.Future[Result] = self._loop.create_future()
