@@ -128,32 +128,36 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"started a local proxy at {url} in {time.perf_counter() - t0:.2f} s")
 
     async def run() -> Any:
-        async with connect(url) as gpu:
-            result = await train_remote(gpu, data, args.steps)
-            return gpu.device, gpu.stats(), result
+        out = []
+        for capture in (False, True):  # step by step, then recorded once and replayed
+            async with connect(url) as gpu:
+                result = await train_remote(gpu, data, args.steps, capture=capture)
+                out.append((gpu.device, gpu.stats(), result))
+        return out
 
     try:
-        device, stats, remote = aio.run(run())
+        runs = aio.run(run())
     finally:
         if proxy is not None:
             proxy.stop()
-    diff = max(
-        float(np.max(np.abs(a - b))) for a, b in zip(remote.weights, local.weights, strict=True)
-    )
+    device = runs[0][0]
     print(f"proxy backend: {device['backend']} ({device['device']})")
     print(f"MLP training, batch {args.batch}, hidden {args.hidden}, {args.steps} steps")
-    print(
-        f"  loss: {remote.losses[0]:.5f} -> {remote.losses[-1]:.5f} (remote), "
-        f"{local.losses[0]:.5f} -> {local.losses[-1]:.5f} (local NumPy)"
-    )
-    print(f"  largest weight difference remote vs local: {diff:.3g}")
-    print(f"  time: remote {remote.seconds * 1e3:.1f} ms, local {local.seconds * 1e3:.1f} ms")
-    calls = stats["calls"]
-    print(
-        f"  calls: {calls['async']} async, {calls['sync']} sync, {calls['local']} local; "
-        f"{stats['frames_sent']} frames sent, {stats['round_trips']} round trips"
-    )
-    ok = diff <= 1e-4 and np.allclose(remote.losses, local.losses, rtol=1e-4, atol=1e-6)
+    print(f"  local NumPy: loss {local.losses[0]:.5f} -> {local.losses[-1]:.5f}, "
+          f"{local.seconds * 1e3:.1f} ms")  # fmt: skip
+    ok = True
+    for (_, stats, remote), how in zip(runs, ("step by step", "captured, replayed"), strict=True):
+        diff = max(
+            float(np.max(np.abs(a - b))) for a, b in zip(remote.weights, local.weights, strict=True)
+        )
+        calls = stats["calls"]
+        print(
+            f"  remote, {how}: loss {remote.losses[0]:.5f} -> {remote.losses[-1]:.5f}, "
+            f"{remote.seconds * 1e3:.1f} ms; largest weight difference to local {diff:.3g}; "
+            f"{calls['async']} async, {calls['sync']} sync calls, "
+            f"{stats['frames_sent']} frames sent, {stats['round_trips']} round trips"
+        )
+        ok = ok and diff <= 1e-4 and np.allclose(remote.losses, local.losses, rtol=1e-4, atol=1e-6)
     print("result: OK, remote equals local" if ok else "result: MISMATCH")
     return 0 if ok else 1
 

@@ -45,6 +45,7 @@ __all__ = [
     "decode_message",
     "decode_replies",
     "decode_request",
+    "decode_step",
     "encode_fatal",
     "encode_greeting",
     "encode_notice",
@@ -536,6 +537,12 @@ def _check_step(v: Any, name: str, ctx: DecodeContext) -> StepProgram:
         raise BadCommand(f"a step takes at most {MAX_LIST} arguments")
     descs = _check_arrays(slots, f"{name}.slots", sub)
     return StepProgram(tuple(commands), descs, _check_handles(results, f"{name}.results", ctx))
+
+
+def decode_step(v: Any, limits: FrameLimits = FrameLimits()) -> StepProgram:
+    """A recorded step's wire form, checked (``BadCommand`` if it is not a valid step): for
+    sessions that run calls without a wire (``gpuremote.local``)."""
+    return _check_step(v, "program", DecodeContext(0, limits, []))
 
 
 _CHECKS = {
