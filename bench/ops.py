@@ -25,7 +25,9 @@ Steps (each row is per step, beside the same step in process: ``ops_per_step``,
   (``gpu.capture``);
 - ``transformer_step_replay``: ``transformer_step``, captured;
 - ``chain_replay_16`` / ``chain_replay_160``: a captured step of 16 / 160 element-wise ops on
-  16 floats, and one read.
+  16 floats, and one read;
+- ``mlp_replay_unread``: the MLP step replayed ``UNREAD`` times, then one read (training
+  without a read each step): ``steps_per_s`` beside the same steps in process, and their ratio.
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ STEP_CASES = (
     "chain_replay_16",
     "chain_replay_160",
 )
-ALL_CASES = CASES + STEP_CASES
+ALL_CASES = (*CASES, *STEP_CASES, "mlp_replay_unread")
+UNREAD = 20  # steps between reads in mlp_replay_unread
 _ECHO = b"gpuremote-echo16"  # 16 bytes
 #: a pause after the paths that leave threads busy for a while: gpuremote.xp's helper polls
 #: for 50 ms after the last post, and BLAS worker threads spin for a while after a matmul
@@ -296,8 +299,13 @@ async def _measure(
         reps = chunk if name.startswith("chain") else max(cfg.steps, chunk // 10)
         table[name] = (remote, 1, reps)
         table[f"{name}:local"] = (local_fn, 1, reps)
+    remote_unread, local_unread = _unread(gpu, local)
+    table["mlp_replay_unread"] = (remote_unread, UNREAD, max(1, cfg.steps // 4))
+    table["mlp_replay_unread:local"] = (local_unread, UNREAD, max(1, cfg.steps // 4))
     for name in cfg.cases:
         paths[name] = table[name]
+        if name == "mlp_replay_unread":
+            paths[f"{name}:local"] = table[f"{name}:local"]
         if name == "transformer_step":
             paths["transformer_local"] = (transformer_local, 1, cfg.steps)
         if name in steps:
@@ -381,6 +389,13 @@ def _result(
             loc = figures["transformer_local"].summary("transformer_local")
             row["local_wall_p50_us"] = loc["wall_p50_us"]
             row["slowdown"] = ratio(row["wall_p50_us"], loc["wall_p50_us"])
+        if name == "mlp_replay_unread":
+            loc = figures[f"{name}:local"].summary(name)
+            row.update(
+                steps_per_s=row.get("ops_per_s"),
+                local_steps_per_s=loc.get("ops_per_s"),
+                of_local=ratio(row.get("ops_per_s"), loc.get("ops_per_s")),
+            )
         if name in STEP_CASES:
             loc = figures[f"{name}:local"].summary(name)
             fig = figures[name]
@@ -466,3 +481,29 @@ def _steps(gpu: gpuremote.GPU, local: Any) -> dict[str, tuple[Any, Any]]:
         "chain_replay_16": (chain(gpu, 16, True), chain(local, 16, False)),
         "chain_replay_160": (chain(gpu, 160, True), chain(local, 160, False)),
     }
+
+
+def _unread(gpu: gpuremote.GPU, local: Any) -> tuple[Any, Any]:
+    """``UNREAD`` MLP steps and one read: replayed remotely, plain in process."""
+    from gpuremote.demo import mlp_data, mlp_step
+
+    data = mlp_data()
+    scale = 2.0 / data["y"].size
+
+    def make(g: Any, capture: bool) -> Callable[[], Any]:
+        x, y = g.asarray(data["x"]), g.asarray(data["y"])
+        w1, w2 = g.asarray(data["w1"]), g.asarray(data["w2"])
+
+        def step(x: Any, y: Any, w1: Any, w2: Any) -> Any:
+            return mlp_step(g, x, y, w1, w2, scale, 1e-3)
+
+        run = g.capture(step) if capture else step
+
+        async def block() -> None:
+            for _ in range(UNREAD - 1):
+                run(x, y, w1, w2)
+            await run(x, y, w1, w2).get()
+
+        return block
+
+    return make(gpu, True), make(local, False)

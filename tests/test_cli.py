@@ -170,8 +170,11 @@ def test_bench_ops_json(cli_json: Callable[..., Any], transport: str) -> None:
     assert set(cases) == {
         "sync_op", "xp_sync_op", "async_chain", "xp_async_chain", "transformer_step",
         "mlp_step", "mlp_step_replay", "transformer_step_replay", "chain_replay_16",
-        "chain_replay_160",
+        "chain_replay_160", "mlp_replay_unread",
     }  # fmt: skip
+    unread = cases["mlp_replay_unread"]
+    assert unread["steps_per_s"] > 0 and unread["local_steps_per_s"] > 0
+    assert unread["of_local"] == pytest.approx(unread["steps_per_s"] / unread["local_steps_per_s"])
     for name in ("mlp_step", "mlp_step_replay", "chain_replay_16", "chain_replay_160"):
         c = cases[name]
         want = {"mlp_step": 16, "mlp_step_replay": 16}.get(name) or int(name.rsplit("_", 1)[1])
