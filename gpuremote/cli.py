@@ -41,6 +41,7 @@ def _serve(args: argparse.Namespace) -> int:
             for k, v in (
                 ("max_device_bytes", args.max_device_bytes),
                 ("max_handles", args.max_handles),
+                ("max_steps", args.max_steps),
             )
             if v is not None
         }
@@ -315,6 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-device-bytes", type=int, default=None, help="per-session device memory limit"
     )
     s.add_argument("--max-handles", type=int, default=None, help="per-session handle limit")
+    s.add_argument(
+        "--max-steps", type=int, default=None, help="recorded steps a session may keep (256)"
+    )
     s.add_argument(
         "--max-frame-bytes",
         type=int,
