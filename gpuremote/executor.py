@@ -734,6 +734,15 @@ class Executor:
         binds = step.bind(args, results)
         buffers, streams, resolve, backend = self.buffers, self.streams, self._resolve, self.backend
         dispatch = self._dispatch
+        # a device that queues work takes consecutive launches on a stream in one submission
+        queued: list[Any] | None = [] if backend.queues_work else None
+        on: Any = None  # the stream of the queued launches
+
+        def submit() -> None:
+            if queued:
+                backend.run_ops(queued, on)
+                queued.clear()
+
         try:
             for i, call in enumerate(step.calls):
                 try:
@@ -748,17 +757,26 @@ class Executor:
                             self._alloc(h, step.nbytes[h])
                     cargs = rebind(call, binds) if call.rebind else call.args
                     if call.op is None:
+                        submit()  # in order with what came before
                         if not call.creates:  # an alloc is done: it made its buffer above
                             ctx.stream = stream
                             dispatch[call.spec.name](ctx, *cargs)
                         continue
                     ins = [resolve(d) for d in cargs[1]]
                     outs = [resolve(d) for d in cargs[2]]
-                    if ctx.batch is None:
-                        ctx.batch = backend.batch()
-                        ctx.batch.__enter__()
-                    backend.run_op(call.op, ins, outs, cargs[3], stream)
+                    if queued is None:
+                        if ctx.batch is None:
+                            ctx.batch = backend.batch()
+                            ctx.batch.__enter__()
+                        backend.run_op(call.op, ins, outs, cargs[3], stream)
+                        continue
+                    if stream is not on:
+                        submit()
+                        on = stream
+                    queued.append((call.op, ins, outs, cargs[3]))
                 except Exception as exc:
+                    with contextlib.suppress(Exception):
+                        submit()  # what came before it runs
                     with contextlib.suppress(CallFailed):  # its results exist, as after a skip
                         self._make_results(handle, results)
                     raise _ReplayFailed(
@@ -768,6 +786,7 @@ class Executor:
                             f"({call.spec.name}): {exc}"
                         ),
                     ) from None
+            submit()
         finally:
             if not step.kept:  # intermediates of a step on several streams: this replay's own
                 for private in step.intermediates.values():

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import BackendError, DeviceInfo
+from .base import BackendError, DeviceInfo, OpRun
 from .numpy_backend import NumpyBackend
 
 __all__ = ["SimBackend", "parse_sim"]
@@ -127,6 +127,16 @@ class SimBackend(NumpyBackend):
         def job() -> None:
             op.run(np, ins, outs, params)
             self._work()
+
+        stream.put(job)
+
+    def run_ops(self, runs: Sequence[OpRun], stream: Any) -> None:
+        batch = tuple(runs)  # one job: the stream's device runs them in order
+
+        def job() -> None:
+            for op, ins, outs, params in batch:
+                op.run(np, ins, outs, params)
+                self._work()
 
         stream.put(job)
 
