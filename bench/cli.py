@@ -413,7 +413,7 @@ def _api(args: argparse.Namespace) -> int:
 
 
 def _ops(args: argparse.Namespace) -> int:
-    from .ops import CASES, OpsConfig, reexec_pinned, run_ops
+    from .ops import ALL_CASES, OpsConfig, reexec_pinned, run_ops
     from .render import ops_view
 
     cfg = OpsConfig(
@@ -423,7 +423,7 @@ def _ops(args: argparse.Namespace) -> int:
         chain=args.chain,
         steps=args.steps,
         warmup=args.warmup,
-        cases=tuple(args.cases.split(",")) if args.cases else CASES,
+        cases=tuple(args.cases.split(",")) if args.cases else ALL_CASES,
         pin=args.pin,
     )
     reexec_pinned(cfg.pin, cfg)  # returns at once unless the command must restart pinned

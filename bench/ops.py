@@ -15,6 +15,19 @@ Cases:
   one read; per-op figures and ops/s end to end;
 - ``transformer_step``: one inference step of a transformer block at batch 1, remote and in
   process (``gpuremote.local``), and the slowdown between them.
+
+Steps (each row is per step, beside the same step in process: ``ops_per_step``,
+``remote_us``, ``local_us``, ``overhead_us`` = remote - local at p50, ``frames_per_step``,
+``client_cpu_us``, ``proxy_cpu_us``):
+
+- ``mlp_step``: the demo's MLP training step (16 ops) and a read of its loss, call by call;
+- ``mlp_step_replay``: the same step captured once and replayed by one message
+  (``gpu.capture``);
+- ``transformer_step_replay``: ``transformer_step``, captured;
+- ``chain_replay_16`` / ``chain_replay_160``: a captured step of 16 / 160 element-wise ops on
+  16 floats, and one read;
+- ``mlp_replay_unread``: the MLP step replayed ``UNREAD`` times, then one read (training
+  without a read each step): ``steps_per_s`` beside the same steps in process, and their ratio.
 """
 
 from __future__ import annotations
@@ -33,6 +46,7 @@ import numpy as np
 
 import gpuremote
 from gpuremote.errors import ConfigError
+from gpuremote.jsonstdout import restore_stdout
 from gpuremote.local import connect_local
 from gpuremote.workloads import transformer_block
 
@@ -40,9 +54,19 @@ from .baseline import ProtocolEchoClient
 from .stats import ratio
 from .target import Target, TargetOptions, open_target
 
-__all__ = ["CASES", "PINS", "OpsConfig", "run_ops"]
+__all__ = ["ALL_CASES", "CASES", "PINS", "STEP_CASES", "OpsConfig", "run_ops"]
 
 CASES = ("sync_op", "xp_sync_op", "async_chain", "xp_async_chain", "transformer_step")
+#: cases timed per step, beside the same step in process
+STEP_CASES = (
+    "mlp_step",
+    "mlp_step_replay",
+    "transformer_step_replay",
+    "chain_replay_16",
+    "chain_replay_160",
+)
+ALL_CASES = (*CASES, *STEP_CASES, "mlp_replay_unread")
+UNREAD = 20  # steps between reads in mlp_replay_unread
 _ECHO = b"gpuremote-echo16"  # 16 bytes
 #: a pause after the paths that leave threads busy for a while: gpuremote.xp's helper polls
 #: for 50 ms after the last post, and BLAS worker threads spin for a while after a matmul
@@ -92,8 +116,6 @@ def reexec_pinned(how: str, cfg: TargetOptions) -> None:
         return
     os.environ[_PIN_ENV] = ",".join(map(str, sorted(os.sched_getaffinity(0))))
     os.sched_setaffinity(0, {plan[0]})
-    from gpuremote.cli import restore_stdout
-
     restore_stdout()  # --json: the new program prints its object on the real stdout
     os.execv(sys.executable, [sys.executable, "-m", "gpuremote", *sys.argv[1:]])
 
@@ -118,6 +140,8 @@ class _Figures:
     proxy_cpu_s: float | None = 0.0
     ops: int = 0
     blocks_s: list[float] = field(default_factory=list)  # chains: seconds per whole chain
+    frames: int = 0  # frames the client sent
+    ops_per_step: int | None = None  # steps: the calls one makes (counted in process)
 
     def summary(self, name: str) -> dict[str, Any]:
         a = np.asarray(self.wall_ns, dtype=np.float64) / 1e3
@@ -172,9 +196,9 @@ async def run_ops(
     cfg: OpsConfig, report: Callable[[dict[str, Any]], None] = lambda s: None
 ) -> dict[str, Any]:
     """Run the bench; returns the JSON result."""
-    unknown = set(cfg.cases) - set(CASES)
+    unknown = set(cfg.cases) - set(ALL_CASES)
     if unknown:
-        raise ValueError(f"unknown case(s) {sorted(unknown)}; known: {', '.join(CASES)}")
+        raise ValueError(f"unknown case(s) {sorted(unknown)}; known: {', '.join(ALL_CASES)}")
     plan = plan_pin(cfg.pin, cfg)
     affinity = os.sched_getaffinity(0)
     async with (
@@ -258,6 +282,8 @@ async def _measure(
     async def transformer_local() -> None:
         await local_step()
 
+    steps = _steps(gpu, local)
+
     # name -> (one op, ops it counts, repeats per round); plain functions are gpuremote.xp's
     # (synchronous code): they run in a thread of their own, as a script's main thread would
     chunk = max(1, cfg.iterations // cfg.rounds)
@@ -271,11 +297,27 @@ async def _measure(
         "xp_async_chain": (xp_async_chain, cfg.chain, 1),
         "transformer_step": (transformer_step, 1, cfg.steps),
     }
+    for name, (remote, local_fn) in steps.items():
+        reps = chunk if name.startswith("chain") else max(cfg.steps, chunk // 10)
+        table[name] = (remote, 1, reps)
+        table[f"{name}:local"] = (local_fn, 1, reps)
+    remote_unread, local_unread = _unread(gpu, local)
+    table["mlp_replay_unread"] = (remote_unread, UNREAD, max(1, cfg.steps // 4))
+    table["mlp_replay_unread:local"] = (local_unread, UNREAD, max(1, cfg.steps // 4))
     for name in cfg.cases:
         paths[name] = table[name]
+        if name == "mlp_replay_unread":
+            paths[f"{name}:local"] = table[f"{name}:local"]
         if name == "transformer_step":
             paths["transformer_local"] = (transformer_local, 1, cfg.steps)
+        if name in steps:
+            paths[f"{name}:local"] = table[f"{name}:local"]
     figures = {name: _Figures() for name in paths}
+    for name in cfg.cases:
+        if name in steps:  # the calls one step makes, counted in process
+            before = local.stats()["calls"]["async"]
+            await steps[name][1]()
+            figures[name].ops_per_step = local.stats()["calls"]["async"] - before
     for fn, per, _ in paths.values():  # warm-up, not counted
         await _timed(fn, max(1, cfg.warmup // per) if per == 1 else 1)
     previous_busy = True  # the warm-up ran every path
@@ -284,8 +326,10 @@ async def _measure(
             fig = figures[name]
             if previous_busy:  # before the clocks start
                 await asyncio.sleep(_QUIET_S)
-            previous_busy = name.startswith(("xp_", "transformer_"))
-            p0 = await clock.read() if name != "transformer_local" else None
+            previous_busy = name.startswith(("xp_", "transformer_", "mlp_"))
+            in_process = name == "transformer_local" or name.endswith(":local")
+            p0 = await clock.read() if not in_process else None
+            f0 = gpu.stats()["frames_sent"]
             c0 = time.process_time()
             for dt in await _timed(fn, reps):
                 if per == 1:
@@ -294,7 +338,8 @@ async def _measure(
                     fig.wall_ns.append(dt / per)
                     fig.blocks_s.append(dt / 1e9)
             fig.client_cpu_s += time.process_time() - c0
-            p1 = await clock.read() if name != "transformer_local" else None
+            fig.frames += gpu.stats()["frames_sent"] - f0
+            p1 = await clock.read() if not in_process else None
             if p0 is None or p1 is None or fig.proxy_cpu_s is None:
                 fig.proxy_cpu_s = None
             else:
@@ -346,6 +391,28 @@ def _result(
             loc = figures["transformer_local"].summary("transformer_local")
             row["local_wall_p50_us"] = loc["wall_p50_us"]
             row["slowdown"] = ratio(row["wall_p50_us"], loc["wall_p50_us"])
+        if name == "mlp_replay_unread":
+            loc = figures[f"{name}:local"].summary(name)
+            row.update(
+                steps_per_s=row.get("ops_per_s"),
+                local_steps_per_s=loc.get("ops_per_s"),
+                of_local=ratio(row.get("ops_per_s"), loc.get("ops_per_s")),
+            )
+        if name in STEP_CASES:
+            loc = figures[f"{name}:local"].summary(name)
+            fig = figures[name]
+            row.update(
+                ops_per_step=fig.ops_per_step,
+                remote_us=row["wall_p50_us"],
+                local_us=loc["wall_p50_us"],
+                overhead_us=(
+                    None
+                    if row["wall_p50_us"] is None or loc["wall_p50_us"] is None
+                    else row["wall_p50_us"] - loc["wall_p50_us"]
+                ),
+                frames_per_step=fig.frames / fig.ops if fig.ops else None,
+                slowdown=ratio(row["wall_p50_us"], loc["wall_p50_us"]),
+            )
         cases.append(row)
     return {
         "bench": "ops",
@@ -366,3 +433,79 @@ def _cpu(row: dict[str, Any] | None) -> float | None:
     if row is None or row["client_cpu_us"] is None:
         return None
     return row["client_cpu_us"] + (row["proxy_cpu_us"] or 0.0)
+
+
+def _steps(gpu: gpuremote.GPU, local: Any) -> dict[str, tuple[Any, Any]]:
+    """Step cases: name -> (remote step, the same step in process)."""
+    from gpuremote.demo import mlp_data, mlp_step
+
+    data = mlp_data()
+    scale = 2.0 / data["y"].size
+
+    def mlp(g: Any, capture: bool) -> Callable[[], Any]:
+        x, y = g.asarray(data["x"]), g.asarray(data["y"])
+        w1, w2 = g.asarray(data["w1"]), g.asarray(data["w2"])
+
+        def step(x: Any, y: Any, w1: Any, w2: Any) -> Any:
+            return mlp_step(g, x, y, w1, w2, scale, 1e-3)
+
+        run = g.capture(step) if capture else step
+
+        async def one() -> None:
+            await run(x, y, w1, w2).get()
+
+        return one
+
+    def chain(g: Any, k: int, capture: bool) -> Callable[[], Any]:
+        a = g.asarray(np.ones(16, np.float32))
+
+        def step(x: Any) -> Any:
+            for _ in range(k // 2):  # two ops each
+                x = x * 0.5 + 0.5
+            return x
+
+        run = g.capture(step) if capture else step
+
+        async def one() -> None:
+            got = await run(a).get()
+            if got[0] != 1.0:
+                raise gpuremote.GpuRemoteError(f"chain step computed {got[0]}")
+
+        return one
+
+    def transformer(g: Any, capture: bool) -> Callable[[], Any]:
+        return transformer_block(g, capture=capture)
+
+    return {
+        "mlp_step": (mlp(gpu, False), mlp(local, False)),
+        "mlp_step_replay": (mlp(gpu, True), mlp(local, False)),
+        "transformer_step_replay": (transformer(gpu, True), transformer(local, False)),
+        "chain_replay_16": (chain(gpu, 16, True), chain(local, 16, False)),
+        "chain_replay_160": (chain(gpu, 160, True), chain(local, 160, False)),
+    }
+
+
+def _unread(gpu: gpuremote.GPU, local: Any) -> tuple[Any, Any]:
+    """``UNREAD`` MLP steps and one read: replayed remotely, plain in process."""
+    from gpuremote.demo import mlp_data, mlp_step
+
+    data = mlp_data()
+    scale = 2.0 / data["y"].size
+
+    def make(g: Any, capture: bool) -> Callable[[], Any]:
+        x, y = g.asarray(data["x"]), g.asarray(data["y"])
+        w1, w2 = g.asarray(data["w1"]), g.asarray(data["w2"])
+
+        def step(x: Any, y: Any, w1: Any, w2: Any) -> Any:
+            return mlp_step(g, x, y, w1, w2, scale, 1e-3)
+
+        run = g.capture(step) if capture else step
+
+        async def block() -> None:
+            for _ in range(UNREAD - 1):
+                run(x, y, w1, w2)
+            await run(x, y, w1, w2).get()
+
+        return block
+
+    return make(gpu, True), make(local, False)

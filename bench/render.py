@@ -152,7 +152,12 @@ def ops_view(state: dict[str, Any]) -> RenderableType:
         extra = ""
         if "ops_per_s" in c:
             extra = f"{c['ops_per_s']:,.0f} ops/s"
-        if c.get("slowdown") is not None:
+        if c.get("ops_per_step") is not None:
+            extra = (
+                f"{c['ops_per_step']} ops, local {_us(c['local_us'])} µs, overhead "
+                f"{_us(c['overhead_us'])} µs, {c['frames_per_step']:.2f} frames/step"
+            )
+        elif c.get("slowdown") is not None:
             extra = f"local {_us(c['local_wall_p50_us'])} µs, slowdown {c['slowdown']:.2f}x"
         ratios = f"{_us(c['ratio_wall_p50'], '.2f')}x / {_us(c['ratio_cpu'], '.2f')}x"
         rows.append((c["name"], c, ratios, extra))

@@ -21,6 +21,7 @@ from .calls import CALLS, CallClass
 from .client import GPU, Event, Kernel, RemoteArray, Stream, connect
 from .config import PipelineConfig
 from .errors import (
+    CaptureError,
     ConfigError,
     ConnectionClosed,
     GpuRemoteError,
@@ -48,6 +49,7 @@ __all__ = [
     "CALLS",
     "GPU",
     "CallClass",
+    "CaptureError",
     "ConfigError",
     "ConnectionClosed",
     "Event",

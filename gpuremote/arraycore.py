@@ -43,6 +43,7 @@ from .errors import LocalProtocolError, RemoteCallError
 from .framing import byte_view
 from .ops import OpError, OpTypeError
 from .protocol import DTYPES
+from .recording import Recording
 
 __all__ = [
     "BUFFER",
@@ -284,7 +285,16 @@ class Core:
     frees a buffer later, from any thread (a garbage array's); ``make(core, buf, shape,
     dtype, offset)`` makes the front end's array type; ``owner`` is the front end object."""
 
-    __slots__ = ("copies", "make", "new_handle", "owner", "post", "release", "session")
+    __slots__ = (
+        "copies",
+        "make",
+        "new_handle",
+        "owner",
+        "post",
+        "recording",
+        "release",
+        "session",
+    )
 
     def __init__(
         self,
@@ -302,6 +312,8 @@ class Core:
         self.release = release
         self.make = make
         self.copies = copies
+        #: the step being captured (``gpuremote.capture``): reading data is refused
+        self.recording: Recording | None = None
 
     # -- allocation ------------------------------------------------------------------------
     def new(self, shape: tuple[int, ...], dt: np.dtype[Any]) -> Any:
@@ -360,6 +372,8 @@ class Core:
     def cached(self, ref: ArrayRef) -> np.ndarray[Any, Any] | None:
         """``ref``'s data if a kept host copy answers it (counted as a local call)."""
         ref._desc()
+        if self.recording is not None:  # a step's data is the device's, at each replay
+            self.recording.refuse("reading an array's data")
         out = self.copies.read(ref)
         if out is not None:
             self.session.count_local(shadow_bytes=ref.nbytes)

@@ -43,6 +43,7 @@ class Arg(enum.Enum):
     DIMS = "dims"  # list of 1 to 3 positive ints (grid, block)
     BUFFER = "buffer"  # index of an out-of-band buffer of the frame
     HANDLES = "handles"  # list of handles
+    STEP = "step"  # a recorded step: [arrays, commands, argument slots, result handles]
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +177,22 @@ CALLS: tuple[CallSpec, ...] = (
     CallSpec("event_record", 42, _A, (("handle", Arg.HANDLE),), "record on the call's stream"),
     CallSpec("event_wait", 43, _A, (("handle", Arg.HANDLE),), "make the call's stream wait"),
     CallSpec("event_query", 44, _S, (("handle", Arg.HANDLE),), "has the event completed?"),
+    # -- recorded steps (``gpuremote.capture``) -----------------------------------------------
+    CallSpec(
+        "step_record",
+        60,
+        _A,
+        (("handle", Arg.HANDLE), ("program", Arg.STEP)),
+        "keep a recorded step (ASYNC calls, checked once, here) under a handle",
+    ),
+    CallSpec(
+        "step_replay",
+        61,
+        _A,
+        (("handle", Arg.HANDLE), ("args", Arg.ARRAYS), ("results", Arg.HANDLES)),
+        "run a recorded step on these argument arrays; its results become new buffers",
+    ),
+    CallSpec("step_free", 62, _A, (("handle", Arg.HANDLE),), "forget a recorded step"),
     # -- between proxies (``gpuremote.peers``) ----------------------------------------------
     CallSpec(
         "peer_export",

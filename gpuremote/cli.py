@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
+
+from .jsonstdout import json_stdout
 
 __all__ = ["main"]
 
@@ -42,6 +43,7 @@ def _serve(args: argparse.Namespace) -> int:
             for k, v in (
                 ("max_device_bytes", args.max_device_bytes),
                 ("max_handles", args.max_handles),
+                ("max_steps", args.max_steps),
             )
             if v is not None
         }
@@ -132,32 +134,36 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"started a local proxy at {url} in {time.perf_counter() - t0:.2f} s")
 
     async def run() -> Any:
-        async with connect(url) as gpu:
-            result = await train_remote(gpu, data, args.steps)
-            return gpu.device, gpu.stats(), result
+        out = []
+        for capture in (False, True):  # step by step, then recorded once and replayed
+            async with connect(url) as gpu:
+                result = await train_remote(gpu, data, args.steps, capture=capture)
+                out.append((gpu.device, gpu.stats(), result))
+        return out
 
     try:
-        device, stats, remote = aio.run(run())
+        runs = aio.run(run())
     finally:
         if proxy is not None:
             proxy.stop()
-    diff = max(
-        float(np.max(np.abs(a - b))) for a, b in zip(remote.weights, local.weights, strict=True)
-    )
+    device = runs[0][0]
     print(f"proxy backend: {device['backend']} ({device['device']})")
     print(f"MLP training, batch {args.batch}, hidden {args.hidden}, {args.steps} steps")
-    print(
-        f"  loss: {remote.losses[0]:.5f} -> {remote.losses[-1]:.5f} (remote), "
-        f"{local.losses[0]:.5f} -> {local.losses[-1]:.5f} (local NumPy)"
-    )
-    print(f"  largest weight difference remote vs local: {diff:.3g}")
-    print(f"  time: remote {remote.seconds * 1e3:.1f} ms, local {local.seconds * 1e3:.1f} ms")
-    calls = stats["calls"]
-    print(
-        f"  calls: {calls['async']} async, {calls['sync']} sync, {calls['local']} local; "
-        f"{stats['frames_sent']} frames sent, {stats['round_trips']} round trips"
-    )
-    ok = diff <= 1e-4 and np.allclose(remote.losses, local.losses, rtol=1e-4, atol=1e-6)
+    print(f"  local NumPy: loss {local.losses[0]:.5f} -> {local.losses[-1]:.5f}, "
+          f"{local.seconds * 1e3:.1f} ms")  # fmt: skip
+    ok = True
+    for (_, stats, remote), how in zip(runs, ("step by step", "captured, replayed"), strict=True):
+        diff = max(
+            float(np.max(np.abs(a - b))) for a, b in zip(remote.weights, local.weights, strict=True)
+        )
+        calls = stats["calls"]
+        print(
+            f"  remote, {how}: loss {remote.losses[0]:.5f} -> {remote.losses[-1]:.5f}, "
+            f"{remote.seconds * 1e3:.1f} ms; largest weight difference to local {diff:.3g}; "
+            f"{calls['async']} async, {calls['sync']} sync calls, "
+            f"{stats['frames_sent']} frames sent, {stats['round_trips']} round trips"
+        )
+        ok = ok and diff <= 1e-4 and np.allclose(remote.losses, local.losses, rtol=1e-4, atol=1e-6)
     print("result: OK, remote equals local" if ok else "result: MISMATCH")
     return 0 if ok else 1
 
@@ -317,6 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--max-handles", type=int, default=None, help="per-session handle limit")
     s.add_argument(
+        "--max-steps", type=int, default=None, help="recorded steps a session may keep (256)"
+    )
+    s.add_argument(
         "--max-frame-bytes",
         type=int,
         default=None,
@@ -442,42 +451,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub)
     return p
-
-
-@contextlib.contextmanager
-def json_stdout() -> Iterator[None]:
-    """For ``--json``: what this process writes to its stdout descriptor outside Python
-    (UCX's log, a library's warnings) goes to stderr meanwhile, so that stdout holds the one
-    JSON object that the command prints (through ``sys.stdout``) and nothing else."""
-    sys.stdout.flush()
-    try:
-        real = os.dup(1)
-    except OSError:  # no stdout to keep clean
-        yield
-        return
-    os.dup2(2, 1)
-    saved = sys.stdout
-    sys.stdout = open(real, "w", encoding="utf-8", closefd=True)  # noqa: SIM115
-    _REAL_STDOUT.append(real)
-    try:
-        yield
-    finally:
-        _REAL_STDOUT.remove(real)
-        sys.stdout.flush()
-        os.dup2(real, 1)
-        sys.stdout.close()
-        sys.stdout = saved
-
-
-_REAL_STDOUT: list[int] = []
-
-
-def restore_stdout() -> None:
-    """Put the real stdout back on its descriptor (before ``exec``: the new program's
-    stdout must be the real one)."""
-    sys.stdout.flush()
-    for real in _REAL_STDOUT:
-        os.dup2(real, 1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,13 +20,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import weakref
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any, overload
 
 import numpy as np
 
 from .arraycore import ArrayRef, Buffer, Core, HostCopies, Steps, fill_param, supported_dtype
 from .calls import CALLS_BY_NAME
+from .capture import Step
 from .clientsession import BUFFER, ClientSession
 from .config import PipelineConfig, resolve_url
 from .connection import open_session, place, placed
@@ -58,7 +59,7 @@ class Stream:
 
     def wait_event(self, event: Event) -> None:
         """Make later work on this stream wait for ``event``."""
-        self._gpu._session.submit(_C["event_wait"], self.handle, [event.handle])
+        self._gpu._core.post(_C["event_wait"], self.handle, [event.handle], None)
 
     def __repr__(self) -> str:
         return f"<Stream {self.handle}>"
@@ -75,7 +76,7 @@ class Event:
 
     def record(self, stream: Stream | None = None) -> None:
         s = self._gpu._stream(stream)
-        self._gpu._session.submit(_C["event_record"], s, [self.handle])
+        self._gpu._core.post(_C["event_record"], s, [self.handle], None)
 
     async def query(self) -> bool:
         """Whether the work before the last ``record`` has completed."""
@@ -113,10 +114,11 @@ class Kernel:
                 wire.append(["s", "int64" if type(a) is int else np.dtype(type(a)).name, a])
             else:
                 raise TypeError(f"kernel argument of type {type(a).__name__} is not supported")
-        self._gpu._session.submit(
+        self._gpu._core.post(
             _C["kernel_launch"],
             self._gpu._stream(stream),
             [self.handle, wire, list(grid), list(block)],
+            None,
         )
 
 
@@ -319,7 +321,7 @@ class GPU:
 
     def zeros(self, shape: int | Sequence[int], dtype: Any = "float32") -> RemoteArray:
         out = self.empty(shape, dtype)
-        self._session.submit(_C["memset"], self._current, [out.handle, 0, out.nbytes, 0])
+        self._core.post(_C["memset"], self._current, [out.handle, 0, out.nbytes, 0], None)
         return out
 
     def full(
@@ -345,7 +347,7 @@ class GPU:
         if dst.nbytes != src.nbytes:
             raise ValueError(f"copy of {src.nbytes} bytes into {dst.nbytes}")
         dst._buf.invalidate()
-        self._session.submit(_C["copy_d2d"], self._stream(stream), [dst._desc(), src._desc()])
+        self._core.post(_C["copy_d2d"], self._stream(stream), [dst._desc(), src._desc()], None)
 
     def free(self, *arrays: RemoteArray) -> None:
         for a in arrays:
@@ -447,7 +449,7 @@ class GPU:
     def stream(self) -> Stream:
         """A new stream (ASYNC, client-chosen handle)."""
         s = Stream(self, self._session.new_handle())
-        self._session.submit(_C["stream_create"], 0, [s.handle])
+        self._core.post(_C["stream_create"], 0, [s.handle], None)
         weakref.finalize(s, self._destroy, "stream_destroy", s.handle)
         return s
 
@@ -462,7 +464,7 @@ class GPU:
 
     def event(self) -> Event:
         ev = Event(self, self._session.new_handle())
-        self._session.submit(_C["event_create"], 0, [ev.handle])
+        self._core.post(_C["event_create"], 0, [ev.handle], None)
         weakref.finalize(ev, self._destroy, "event_destroy", ev.handle)
         return ev
 
@@ -470,6 +472,13 @@ class GPU:
         if not self._session.closed:
             with contextlib.suppress(Exception):
                 self._session.submit(_C[call], 0, [handle])
+
+    def capture(self, fn: Callable[..., Any]) -> Step:
+        """``fn`` (which issues this GPU's calls and returns arrays, or nothing) captured:
+        the first call for each signature (shapes, dtypes, static values, the current
+        stream) records and runs; later ones replay it on the proxy with one message
+        (see ``gpuremote.capture``)."""
+        return Step(self._core, fn, stream=lambda: self._current)
 
     def kernel(
         self,
@@ -493,7 +502,7 @@ class GPU:
         if handle in self._kernels_sent and self.config.shadow:
             self._session.count_local()
         else:
-            self._session.submit(_C["kernel_create"], 0, [handle, kind, name, source, params])
+            self._core.post(_C["kernel_create"], 0, [handle, kind, name, source, params], None)
             self._kernels_sent.add(handle)
         return Kernel(self, handle, kind, name)
 

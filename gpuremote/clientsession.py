@@ -26,10 +26,16 @@ from typing import Any
 from .aio import spin_until_done
 from .calls import CALLS_BY_NAME, CALLS_BY_OPCODE, Arg, CallClass, CallSpec
 from .config import PipelineConfig
-from .errors import ConnectionClosed, GpuRemoteError, LocalProtocolError, RemoteProtocolError
+from .errors import (
+    ConnectionClosed,
+    GpuRemoteError,
+    LocalProtocolError,
+    RemoteProtocolError,
+)
 from .framing import Frame
 from .protocol import FATAL, NOTICE, REPLY, check_encodable, decode_message, decode_replies
 from .protocol import encode_request as _encode_request
+from .recording import Recording
 from .transports import Connection
 
 __all__ = ["BUFFER", "ClientSession", "Counters"]
@@ -141,6 +147,8 @@ class ClientSession:
         self._error: BaseException | None = None
         self._unsent: deque[LocalProtocolError] = deque()  # ASYNC calls that were not sent
         self._closing = False
+        #: the step being captured (``gpuremote.capture``): calls that wait are refused
+        self.recording: Recording | None = None
         self.notices: deque[Any] = deque(maxlen=64)  # the proxy's latest notices
         self.shutting_down = False
         conn.set_receiver(self._on_frame, self._on_lost)
@@ -257,6 +265,8 @@ class ClientSession:
         """Send a SYNC call (after everything queued); returns the future of its reply, which
         ``wait`` waits for (on the session's loop)."""
         self.check_open()
+        if self.recording is not None:
+            self.recording.refuse(f"{spec.name} (it waits for the device's answer)")
         if self._unsent:  # an earlier ASYNC call could not be sent: raised here, once
             self._flush_now()
             raise self._unsent.popleft()
@@ -301,6 +311,8 @@ class ClientSession:
         """Send an ASYNC call now and wait until the proxy has run it (used to borrow a
         caller's buffer without copying it); its error, if any, is deferred as usual."""
         self.check_open()
+        if self.recording is not None:
+            self.recording.refuse(f"{spec.name} (host data sent to the device)")
         self.counters.calls["async"] += 1
         cmd = self._command(spec, stream, args, buffer, ack=True)
         fut: asyncio.Future[Result] = self._loop.create_future()

@@ -16,7 +16,7 @@ import numpy as np
 
 from .client import GPU
 
-__all__ = ["DemoResult", "mlp_data", "train_local", "train_remote"]
+__all__ = ["DemoResult", "mlp_data", "mlp_step", "train_local", "train_remote"]
 
 
 @dataclass
@@ -62,16 +62,34 @@ def train_local(data: dict[str, np.ndarray[Any, Any]], steps: int, lr: float = 0
     return DemoResult(losses, [w1, w2], time.perf_counter() - t0)
 
 
+def mlp_step(gpu: GPU, x: Any, y: Any, w1: Any, w2: Any, scale: float, lr: float) -> Any:
+    """One training step of the MLP (forward, backward, SGD into ``w1`` and ``w2``): 16
+    ASYNC calls; returns the loss (an array: reading it is the caller's choice)."""
+    pre = gpu.matmul(x, w1)
+    h = gpu.relu(pre)
+    diff = gpu.subtract(gpu.matmul(h, w2), y)
+    loss = gpu.mean(gpu.op("square", diff))
+    dy = gpu.multiply(diff, scale)
+    dw2 = gpu.matmul(gpu.transpose(h), dy)
+    dh = gpu.op("relu_grad", gpu.matmul(dy, gpu.transpose(w2)), pre)
+    dw1 = gpu.matmul(gpu.transpose(x), dh)
+    gpu.axpy(-lr, dw1, w1)
+    gpu.axpy(-lr, dw2, w2)
+    return loss
+
+
 async def train_remote(
     gpu: GPU,
     data: dict[str, np.ndarray[Any, Any]],
     steps: int,
     lr: float = 0.1,
     ready: Callable[[], None] | None = None,
+    capture: bool = False,
 ) -> DemoResult:
     """The same steps through gpuremote: one synchronous round trip per step (the loss).
     ``ready``: called once the data is on the device (after a synchronize), before the
-    steps (a bench times the steps from there)."""
+    steps (a bench times the steps from there). ``capture``: the step is recorded once and
+    replayed by one message (``gpu.capture``)."""
     t0 = time.perf_counter()
     x, y = gpu.asarray(data["x"]), gpu.asarray(data["y"])
     w1, w2 = gpu.asarray(data["w1"]), gpu.asarray(data["w2"])
@@ -79,18 +97,13 @@ async def train_remote(
         await gpu.synchronize()
         ready()
     scale = 2.0 / data["y"].size
+
+    def step(x: Any, y: Any, w1: Any, w2: Any) -> Any:
+        return mlp_step(gpu, x, y, w1, w2, scale, lr)
+
+    run = gpu.capture(step) if capture else step
     losses = []
     for _ in range(steps):
-        pre = gpu.matmul(x, w1)
-        h = gpu.relu(pre)
-        diff = gpu.subtract(gpu.matmul(h, w2), y)
-        loss = gpu.mean(gpu.op("square", diff))
-        dy = gpu.multiply(diff, scale)
-        dw2 = gpu.matmul(gpu.transpose(h), dy)
-        dh = gpu.op("relu_grad", gpu.matmul(dy, gpu.transpose(w2)), pre)
-        dw1 = gpu.matmul(gpu.transpose(x), dh)
-        gpu.axpy(-lr, dw1, w1)
-        gpu.axpy(-lr, dw2, w2)
-        losses.append(float(await loss.get()))
+        losses.append(float(await run(x, y, w1, w2).get()))
     weights = [await w1.get(), await w2.get()]
     return DemoResult(losses, weights, time.perf_counter() - t0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "AuthenticationError",
+    "CaptureError",
     "ConfigError",
     "ConnectionClosed",
     "GpuRemoteError",
@@ -24,6 +25,11 @@ __all__ = [
 
 class GpuRemoteError(Exception):
     """Base class of every error gpuremote raises."""
+
+
+class CaptureError(GpuRemoteError):
+    """A step being captured did something a recording cannot hold: it needed data from the
+    device, sent host data, or made a stream, event or kernel."""
 
 
 class ConfigError(GpuRemoteError):

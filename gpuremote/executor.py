@@ -9,6 +9,7 @@ the answer to the session's next SYNC command, after which the session goes on n
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,7 +22,16 @@ from .calls import CallClass
 from .errors import PeerUnreachable
 from .framing import DEVICE_DIRECT_MIN, byte_view
 from .ops import OPS, infer
-from .protocol import PROTOCOL_VERSION, ArrayDesc, BadCommandAt, Command, ErrorInfo, Reply
+from .protocol import (
+    PROTOCOL_VERSION,
+    ArrayDesc,
+    BadCommandAt,
+    Command,
+    ErrorInfo,
+    Reply,
+    StepProgram,
+)
+from .steps import RecordedStep, StepError, rebind
 
 __all__ = ["PROTOCOL_VERSION", "Executor", "PeerReads", "SessionLimits", "TicketTable"]
 
@@ -73,12 +83,23 @@ class CallFailed(Exception):
     """A command cannot run; the message goes back to the client."""
 
 
+class _ReplayFailed(Exception):
+    """A call of a step's replay failed: ``cause``, in the op it names."""
+
+    def __init__(self, op: str, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.op = op
+        self.cause = cause
+
+
 @dataclass(frozen=True, slots=True)
 class SessionLimits:
     """Per-session quotas, checked before the allocation they would cause."""
 
     max_device_bytes: int = 1 << 62
     max_handles: int = 1 << 20
+    max_steps: int = 256  # recorded steps kept at once
+    max_step_calls: int = 1 << 16  # their calls, together
 
 
 class Executor:
@@ -114,6 +135,9 @@ class Executor:
         self.streams: dict[int, Any] = {0: self._stream0}
         self.events: dict[int, Any] = {}
         self.kernels: dict[int, Any] = {}
+        self.steps: dict[int, RecordedStep] = {}
+        self._step_calls = 0  # the kept steps' calls, together
+        self._private = itertools.count(-1, -1)  # handles of steps' intermediates
         self.device_bytes = 0
         self._views: dict[int, dict[ArrayDesc, Any]] = {}
         self._checked: dict[Any, Any] = {}  # launch signature -> its op, once checked
@@ -178,6 +202,9 @@ class Executor:
                 if spec.name == "launch_new":  # skip the work, but make the buffers it names
                     with contextlib.suppress(CallFailed):
                         self._alloc_outputs(cmd.args[2])
+                elif spec.name == "step_replay":  # likewise for a step's results
+                    with contextlib.suppress(CallFailed, StepError):
+                        self._make_results(cmd.args[0], cmd.args[2])
                 if cmd.ack:
                     replies.append(Reply(cmd.seq, True, None))
                 continue
@@ -199,7 +226,11 @@ class Executor:
                 value = dispatch[spec.name](ctx, *cmd.args)
             except Exception as exc:
                 op = cmd.args[0] if spec.name in _LAUNCHES else None
-                kind = "CallFailed" if isinstance(exc, CallFailed) else type(exc).__name__
+                if isinstance(exc, _ReplayFailed):
+                    op, exc = exc.op, exc.cause
+                kind = (
+                    "CallFailed" if isinstance(exc, CallFailed | StepError) else type(exc).__name__
+                )
                 self._fail_async_or_reply(
                     cmd.seq,
                     spec.name,
@@ -238,6 +269,8 @@ class Executor:
         self.streams.clear()
         self.events.clear()
         self.kernels.clear()
+        self.steps.clear()
+        self._step_calls = 0
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -247,6 +280,7 @@ class Executor:
             "streams": len(self.streams),
             "events": len(self.events),
             "kernels": len(self.kernels),
+            "steps": len(self.steps),
             "calls": dict(self.counts),
             "failed": self.failed,
             "bytes_in": self.bytes_in,
@@ -686,6 +720,113 @@ class Executor:
         self.backend.from_host(view, host, ctx.stream)
         self.bytes_in += data.nbytes
         return data.nbytes
+
+    # -- recorded steps (gpuremote.steps) ----------------------------------------------------
+    def _cmd_step_record(self, ctx: _Ctx, handle: int, program: StepProgram) -> None:
+        if handle in self.steps:
+            raise CallFailed(f"step handle {handle} is already in use")
+        limits = self.limits
+        if len(self.steps) >= limits.max_steps:
+            raise CallFailed(
+                f"session keeps {len(self.steps)} steps; the limit is {limits.max_steps}"
+            )
+        n = len(program.commands)
+        if self._step_calls + n > limits.max_step_calls:
+            raise CallFailed(
+                f"a step of {n} calls would make this session's steps hold "
+                f"{self._step_calls + n} calls; the limit is {limits.max_step_calls}"
+            )
+        step = RecordedStep.from_program(handle, program, self._check_launch, self._private)
+        self.steps[handle] = step
+        self._step_calls += n
+
+    def _step(self, handle: int) -> RecordedStep:
+        step = self.steps.get(handle)
+        if step is None:
+            raise CallFailed(f"unknown step handle {handle}")
+        return step
+
+    def _cmd_step_free(self, ctx: _Ctx, handle: int) -> None:
+        step = self._step(handle)
+        del self.steps[handle]
+        self._step_calls -= len(step.calls)
+        for private in step.intermediates.values():
+            if private in self.buffers:
+                self._cmd_free(ctx, private)
+
+    def _make_results(self, handle: int, results: tuple[int, ...]) -> None:
+        """Make a step's result buffers without running it (its stream was poisoned)."""
+        step = self._step(handle)
+        for recorded, new in zip(step.results, results, strict=False):
+            if new not in self.buffers:
+                self._alloc(new, step.nbytes[recorded])
+
+    def _cmd_step_replay(
+        self, ctx: _Ctx, handle: int, args: tuple[ArrayDesc, ...], results: tuple[int, ...]
+    ) -> None:
+        step = self._step(handle)
+        binds = step.bind(args, results)
+        buffers, streams, resolve, backend = self.buffers, self.streams, self._resolve, self.backend
+        dispatch = self._dispatch
+        # a device that queues work takes consecutive launches on a stream in one submission
+        queued: list[Any] | None = [] if backend.queues_work else None
+        on: Any = None  # the stream of the queued launches
+
+        def submit() -> None:
+            if queued:
+                backend.run_ops(queued, on)
+                queued.clear()
+
+        try:
+            for i, call in enumerate(step.calls):
+                try:
+                    stream = streams.get(call.stream)
+                    if stream is None:
+                        raise CallFailed(f"unknown stream handle {call.stream}")
+                    for h in call.creates:
+                        b = binds.get(h)
+                        if b is not None:  # a result: made under this replay's handle
+                            self._alloc(b[0], step.nbytes[h])
+                        elif h not in buffers:  # an intermediate: kept, or made by each replay
+                            self._alloc(h, step.nbytes[h])
+                    cargs = rebind(call, binds) if call.rebind else call.args
+                    if call.op is None:
+                        submit()  # in order with what came before
+                        if not call.creates:  # an alloc is done: it made its buffer above
+                            ctx.stream = stream
+                            dispatch[call.spec.name](ctx, *cargs)
+                        continue
+                    ins = [resolve(d) for d in cargs[1]]
+                    outs = [resolve(d) for d in cargs[2]]
+                    if queued is None:
+                        if ctx.batch is None:
+                            ctx.batch = backend.batch()
+                            ctx.batch.__enter__()
+                        backend.run_op(call.op, ins, outs, cargs[3], stream)
+                        continue
+                    if stream is not on:
+                        submit()
+                        on = stream
+                    queued.append((call.op, ins, outs, cargs[3]))
+                except Exception as exc:
+                    with contextlib.suppress(Exception):
+                        submit()  # what came before it runs
+                    with contextlib.suppress(CallFailed):  # its results exist, as after a skip
+                        self._make_results(handle, results)
+                    raise _ReplayFailed(
+                        call.what,
+                        CallFailed(
+                            f"step {handle}, call {i} of {len(step.calls)} "
+                            f"({call.spec.name}): {exc}"
+                        ),
+                    ) from None
+            submit()
+        finally:
+            if not step.kept:  # intermediates of a step on several streams: this replay's own
+                for private in step.intermediates.values():
+                    if private in buffers:
+                        self._cmd_free(ctx, private)
+        step.replays += 1
 
     def _cmd_event_query(self, ctx: _Ctx, handle: int) -> bool:
         return self.backend.query_event(self._event(handle))

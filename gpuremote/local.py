@@ -24,7 +24,8 @@ from .config import PipelineConfig
 from .errors import ConnectionClosed
 from .executor import Executor
 from .framing import byte_view
-from .protocol import DTYPES, ArrayDesc, Command
+from .protocol import DTYPES, ArrayDesc, Command, decode_step
+from .recording import Recording
 
 __all__ = ["DirectSession", "TraceEntry", "connect_local"]
 
@@ -70,6 +71,8 @@ def _direct_args(spec: CallSpec, args: list[Any]) -> tuple[Any, ...]:
             out.append(0)
         elif kind is Arg.DIMS:
             out.append(tuple(a))
+        elif kind is Arg.STEP:
+            out.append(decode_step(a))
         else:
             out.append(a)
     return tuple(out)
@@ -88,6 +91,7 @@ class DirectSession:
         self._seq = 0
         self._handle = 0
         self._closed = False
+        self.recording: Recording | None = None  # a step being captured: waits refused
         self._last = time.perf_counter()
         self._to_free: deque[int] = deque()  # appended from any thread (finalizers)
         self.notices: list[Any] = []
@@ -164,6 +168,8 @@ class DirectSession:
     async def call(
         self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None = None
     ) -> tuple[Any, list[memoryview]]:
+        if self.recording is not None:
+            self.recording.refuse(f"{spec.name} (it waits for the device's answer)")
         return self._run(spec, stream, [a if a is not BUFFER else 0 for a in args], buffer)
 
     async def ack(

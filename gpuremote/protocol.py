@@ -39,11 +39,13 @@ __all__ = [
     "Command",
     "ErrorInfo",
     "Reply",
+    "StepProgram",
     "check_encodable",
     "decode_greeting",
     "decode_message",
     "decode_replies",
     "decode_request",
+    "decode_step",
     "encode_fatal",
     "encode_greeting",
     "encode_notice",
@@ -142,6 +144,23 @@ class Reply(NamedTuple):
     seq: int
     ok: bool
     value: Any  # result, or ErrorInfo when not ok
+
+
+class StepProgram(NamedTuple):
+    """A recorded step, checked once: its commands (``seq`` is the index in the step), the
+    descriptors its arguments had when it was recorded, and the handles of its results."""
+
+    commands: tuple[Command, ...]
+    slots: tuple[ArrayDesc, ...]
+    results: tuple[int, ...]
+
+
+#: the calls a step may record: ASYNC work on the session's resources (nothing that creates
+#: or destroys streams, events or kernels, no host data, nothing that waits)
+STEP_CALLS = frozenset(
+    {"alloc", "copy_d2d", "memset", "launch", "launch_new", "kernel_launch", "event_record",
+     "event_wait"}
+)  # fmt: skip
 
 
 class BadCommand(Exception):
@@ -479,6 +498,53 @@ def _check_buffer(v: Any, name: str, ctx: DecodeContext) -> int:
     return v
 
 
+def _check_step(v: Any, name: str, ctx: DecodeContext) -> StepProgram:
+    """A recorded step ``[arrays, commands, slots, results]``: each command ``[opcode, stream,
+    args]`` is checked as the same command of a batch is, against the step's own array table;
+    ``slots`` index that table (the arguments), ``results`` are buffer handles."""
+    if type(v) is not list or len(v) != 4 or not all(type(x) is list for x in v):
+        raise BadCommand(f"argument {name!r} must be a step [arrays, commands, slots, results]")
+    table, items, slots, results = v
+    lim = ctx.limits
+    if not items or len(items) > lim.max_commands or len(table) > lim.max_commands:
+        raise BadCommand(f"a step records 1 to {lim.max_commands} calls and arrays")
+    arrays: list[ArrayDesc | BadCommand] = []
+    for i, a in enumerate(table):
+        try:
+            arrays.append(check_array(a, f"{name}.arrays[{i}]", lim))
+        except BadCommand as exc:
+            arrays.append(exc)
+    sub = DecodeContext(0, lim, arrays)  # no host data: a step has no buffers
+    commands = []
+    for i, item in enumerate(items):
+        if type(item) is not list or len(item) != 3:
+            raise BadCommand(f"{name}: call {i} must be [opcode, stream, args]")
+        opcode, stream, args = item
+        entry = _SCHEMA.get(opcode) if type(opcode) is int else None
+        if entry is None or entry[0].name not in STEP_CALLS:
+            what = entry[0].name if entry is not None else f"opcode {opcode!r:.20}"
+            raise BadCommand(f"{name}: call {i} ({what}) cannot be recorded in a step")
+        spec, nargs, check = entry
+        try:
+            if type(stream) is not int or not 0 <= stream <= MAX_HANDLE:
+                raise BadCommand(f"bad stream handle {stream!r:.20}")
+            if type(args) is not list or len(args) != nargs:
+                raise BadCommand(f"{spec.name} takes {nargs} arguments")
+            commands.append(Command(i, spec, stream, check(args, sub), False))
+        except BadCommand as exc:
+            raise BadCommand(f"{name}: call {i} ({spec.name}): {exc}") from None
+    if len(slots) > MAX_LIST:
+        raise BadCommand(f"a step takes at most {MAX_LIST} arguments")
+    descs = _check_arrays(slots, f"{name}.slots", sub)
+    return StepProgram(tuple(commands), descs, _check_handles(results, f"{name}.results", ctx))
+
+
+def decode_step(v: Any, limits: FrameLimits = FrameLimits()) -> StepProgram:
+    """A recorded step's wire form, checked (``BadCommand`` if it is not a valid step): for
+    sessions that run calls without a wire (``gpuremote.local``)."""
+    return _check_step(v, "program", DecodeContext(0, limits, []))
+
+
 _CHECKS = {
     Arg.HANDLE: _check_handle,
     Arg.SIZE: _check_size,
@@ -494,6 +560,7 @@ _CHECKS = {
     Arg.DIMS: _check_dims,
     Arg.BUFFER: _check_buffer,
     Arg.HANDLES: _check_handles,
+    Arg.STEP: _check_step,
 }
 
 

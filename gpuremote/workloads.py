@@ -43,10 +43,11 @@ async def mlp(
 
 
 def transformer_block(
-    gpu: GPU, seq: int = 32, d_model: int = 128, heads: int = 4
+    gpu: GPU, seq: int = 32, d_model: int = 128, heads: int = 4, capture: bool = False
 ) -> Callable[[], Awaitable[float]]:
     """A transformer block's weights on ``gpu``; returns ``step()``: one inference step at
-    batch 1 (layer norm, attention with softmax, GEMMs, GELU) ending in one read-back."""
+    batch 1 (layer norm, attention with softmax, GEMMs, GELU) ending in one read-back.
+    ``capture``: the step's calls are recorded once and replayed by one message."""
     rng = np.random.default_rng(0)
     dh = d_model // heads
 
@@ -62,8 +63,7 @@ def transformer_block(
     def split(t: RemoteArray) -> RemoteArray:  # (seq, d) -> (heads, seq, dh)
         return gpu.transpose(t.reshape(seq, heads, dh), axes=(1, 0, 2))
 
-    async def step() -> float:
-        x = state[0]
+    def compute(x: RemoteArray) -> tuple[RemoteArray, RemoteArray]:
         h = gpu.op("layer_norm", x, g1, b1)
         q, k, v = split(gpu.matmul(h, wq)), split(gpu.matmul(h, wk)), split(gpu.matmul(h, wv))
         scores = gpu.multiply(gpu.matmul(q, gpu.transpose(k, axes=(0, 2, 1))), 1 / math.sqrt(dh))
@@ -71,8 +71,14 @@ def transformer_block(
         merged = gpu.transpose(attn, axes=(1, 0, 2)).reshape(seq, d_model)
         x = gpu.add(x, gpu.matmul(merged, wo))
         h2 = gpu.op("layer_norm", x, g1, b1)
-        x = state[0] = gpu.add(x, gpu.matmul(gpu.op("gelu", gpu.matmul(h2, w1)), w2))
-        last = await gpu.sum(x, axis=1).get()  # the step's one synchronous read-back
+        x = gpu.add(x, gpu.matmul(gpu.op("gelu", gpu.matmul(h2, w1)), w2))
+        return x, gpu.sum(x, axis=1)
+
+    run = gpu.capture(compute) if capture else compute
+
+    async def step() -> float:
+        state[0], sums = run(state[0])
+        last = await sums.get()  # the step's one synchronous read-back
         return float(last[-1])
 
     return step

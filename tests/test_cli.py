@@ -126,7 +126,8 @@ def test_demo_runs_and_checks_its_result(cli: Cli) -> None:
     proc = cli("demo", "--steps", "3", "--batch", "32", "--hidden", "16", "--backend", "numpy")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "result: OK, remote equals local" in proc.stdout
-    assert "time: remote" in proc.stdout
+    assert "remote, step by step: loss" in proc.stdout
+    assert "remote, captured, replayed: loss" in proc.stdout
 
 
 def test_serve_announces_and_stops_cleanly_on_sigterm() -> None:
@@ -174,8 +175,22 @@ def test_bench_ops_json(cli_json: Callable[..., Any], transport: str) -> None:
     assert keys <= set(out["echo"]) and out["echo"]["wall_p50_us"] > 0
     cases = {c["name"]: c for c in out["cases"]}
     assert set(cases) == {
-        "sync_op", "xp_sync_op", "async_chain", "xp_async_chain", "transformer_step"
+        "sync_op", "xp_sync_op", "async_chain", "xp_async_chain", "transformer_step",
+        "mlp_step", "mlp_step_replay", "transformer_step_replay", "chain_replay_16",
+        "chain_replay_160", "mlp_replay_unread",
     }  # fmt: skip
+    unread = cases["mlp_replay_unread"]
+    assert unread["steps_per_s"] > 0 and unread["local_steps_per_s"] > 0
+    assert unread["of_local"] == pytest.approx(unread["steps_per_s"] / unread["local_steps_per_s"])
+    for name in ("mlp_step", "mlp_step_replay", "chain_replay_16", "chain_replay_160"):
+        c = cases[name]
+        want = {"mlp_step": 16, "mlp_step_replay": 16}.get(name) or int(name.rsplit("_", 1)[1])
+        assert c["ops_per_step"] == want, (name, c["ops_per_step"])
+        assert c["remote_us"] > 0 and c["local_us"] > 0
+        assert c["overhead_us"] == pytest.approx(c["remote_us"] - c["local_us"])
+    # a replayed step is one message: one frame with the read, whatever its length
+    assert cases["chain_replay_160"]["frames_per_step"] == 1.0
+    assert cases["mlp_step"]["frames_per_step"] == 1.0  # the pipeline batches it too
     for c in cases.values():
         assert keys | {"ratio_wall_p50", "ratio_cpu"} <= set(c)
         assert c["wall_p50_us"] > 0 and c["client_cpu_us"] > 0 and c["ratio_wall_p50"] > 0

@@ -26,6 +26,10 @@ def buffer_owner(obj: Any) -> Any:
     return obj
 
 
+#: one op of ``Backend.run_ops``: (op, input arrays, output arrays, params)
+OpRun = tuple[Any, Sequence[Any], Sequence[Any], dict[str, Any]]
+
+
 class BackendError(Exception):
     """A backend cannot do what was asked (unsupported feature, out of memory)."""
 
@@ -132,6 +136,12 @@ class Backend(abc.ABC):
         self, op: Any, ins: Sequence[Any], outs: Sequence[Any], params: dict[str, Any], stream: Any
     ) -> None:
         """Run allow-listed op ``op`` (an ``ops.Op``) on ``stream``."""
+
+    def run_ops(self, runs: Sequence[OpRun], stream: Any) -> None:
+        """Run ops ``(op, ins, outs, params)`` in order on ``stream``: a replayed step's
+        launches, handed over together (one submission where the device takes one)."""
+        for op, ins, outs, params in runs:
+            self.run_op(op, ins, outs, params, stream)
 
     def run_dynamic(
         self, op: Any, ins: Sequence[Any], params: dict[str, Any], stream: Any, budget: int

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import BackendError, DeviceInfo
+from .base import BackendError, DeviceInfo, OpRun
 from .numpy_backend import NumpyBackend
 from .profiles import PROFILES, DeviceProfile, copy_time, op_time
 
@@ -212,6 +212,16 @@ class SimBackend(NumpyBackend):
                 params,
             )
         self._put(stream, job, seconds)
+
+    def run_ops(self, runs: Sequence[OpRun], stream: Any) -> None:
+        batch = tuple(runs)  # one job: the stream's device runs them in order
+
+        def job() -> None:
+            for op, ins, outs, params in batch:
+                op.run(np, ins, outs, params)
+                self._work()
+
+        stream.put(job)
 
     # -- waiting ---------------------------------------------------------------------------
     def to_host(self, src: Any, stream: Any) -> np.ndarray[Any, Any]:

@@ -20,10 +20,13 @@ background thread, so plain scripts need no asyncio.
 
 from __future__ import annotations
 
+import builtins as _builtins
 import math as _math
+from collections.abc import Callable as _Callable
 from typing import Any as _Any
 from typing import overload as _overload
 
+from ..capture import Step as _Step
 from ..config import resolve_url
 from ..connection import place_now, placed
 from . import _standard, fft, linalg
@@ -114,6 +117,42 @@ def connect_local(backend: str = "numpy", url: str | None = None) -> Device:
     return device
 
 
+class _Captured:
+    """What ``capture`` returns: ``fn`` captured on the device of the arrays it is given."""
+
+    def __init__(self, fn: _Callable[..., _Any], fallback: _builtins.bool) -> None:
+        self._fn = fn
+        self._fallback = fallback
+        self._steps: dict[_Any, _Step] = {}
+
+    def __call__(self, *args: _Any, **static: _Any) -> _Any:
+        device = next((a.device for a in args if isinstance(a, Array)), None)
+        core = (device or default_device()).core
+        step = self._steps.get(core)
+        if step is None:
+            step = self._steps[core] = _Step(core, self._fn, fallback=self._fallback)
+        return step(*args, **static)
+
+    def stats(self) -> dict[str, _Any]:
+        """Per device: signatures recorded, replays (``gpuremote.capture.Step.stats``)."""
+        return {core.owner.url: s.stats() for core, s in self._steps.items()}
+
+    def free(self) -> None:
+        """Forget the recordings, on every device."""
+        for s in self._steps.values():
+            s.free()
+        self._steps.clear()
+
+
+def capture(fn: _Callable[..., _Any], *, fallback: _builtins.bool = False) -> _Captured:
+    """``fn`` (array API code: arrays in, arrays out) recorded once per signature and
+    replayed by one message, as ``jax.jit`` compiles once: its non-array arguments are
+    static; what needs data while recording (``bool()``, ``float()``, a data-dependent
+    shape) raises ``CaptureError`` naming the call and the line, or, with ``fallback``,
+    runs uncaptured. See ``gpuremote.capture``."""
+    return _Captured(fn, fallback)
+
+
 class _Info:
     """What ``__array_namespace_info__()`` returns."""
 
@@ -171,6 +210,7 @@ __all__ = sorted(
         "Array",
         "Device",
         "__array_api_version__",
+        "capture",
         "connect",
         "connect_local",
         "default_device",

@@ -1,0 +1,226 @@
+"""Steps captured once and replayed by one message (CUDA-graph style), for both front ends.
+
+``Step(core, fn)`` is what ``GPU.capture(fn)`` and ``xp.capture(fn)`` return. Calling it with
+arrays (and static values) runs ``fn``; the first call for a *signature* (the arrays' shapes
+and dtypes, the static values, the stream) records the ASYNC calls ``fn`` makes while they run
+as usual, and sends the recording once (``step_record``); every later call with that signature
+sends one ``step_replay`` naming the recording, the argument arrays and handles for the results:
+the proxy runs the recorded calls without decoding or checking them again
+(``gpuremote.steps``). Like ``jax.jit``:
+
+- ``fn``'s array arguments are its inputs; anything else it is given is static (part of the
+  signature); arrays it reads from elsewhere (a closure, a global) are used by reference, so
+  an update written into them by the step (an SGD ``axpy`` into the weights) happens at every
+  replay, and they must stay alive as long as the step;
+- ``fn`` returns an array, a tuple or list of arrays, or ``None``; returned arrays that ``fn``
+  made are new arrays at each replay (shapes known at once); an argument returned is returned
+  as the replay's argument;
+- what needs data while recording (a read, ``bool()``/``float()`` of an array, an op whose
+  output shape depends on the data) cannot be recorded: ``CaptureError`` names the call and the
+  line, unless the step was made with ``fallback=True``: then that call runs, and ``fn`` runs
+  uncaptured from there on, for that signature, every time.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .arraycore import ArrayRef, Buffer, Core
+from .calls import CALLS_BY_NAME, CallSpec
+from .recording import Recording
+
+__all__ = ["Step"]
+
+_RECORD, _REPLAY, _FREE_STEP = (
+    CALLS_BY_NAME["step_record"],
+    CALLS_BY_NAME["step_replay"],
+    CALLS_BY_NAME["step_free"],
+)
+_FREE = CALLS_BY_NAME["free"]
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
+@dataclass(slots=True)
+class _Recorded:
+    """One signature's recording, as kept on the proxy."""
+
+    handle: int
+    buffers: list[tuple[int, int]]  # the results' buffers: (recorded handle, nbytes)
+    #: how to build the outputs: ("r", buffer index, shape, dtype, offset), ("a", argument
+    #: index), ("k", the array itself); ``single``: fn returned one array; ``kind``: the type
+    outputs: list[tuple[Any, ...]]
+    kind: type | None
+
+
+def user_line() -> str:
+    """``file:line`` of the innermost frame outside gpuremote (the user's code)."""
+    for frame in reversed(traceback.extract_stack()):
+        if not os.path.abspath(frame.filename).startswith(_PACKAGE):
+            return f"{frame.filename}:{frame.lineno}"
+    return "?"
+
+
+class Step:
+    """``fn`` captured (see the module docstring); call it as you would call ``fn``."""
+
+    def __init__(
+        self,
+        core: Core,
+        fn: Callable[..., Any],
+        *,
+        stream: Callable[[], int] = lambda: 0,
+        fallback: bool = False,
+    ) -> None:
+        self._core = core
+        self._fn = fn
+        self._stream = stream
+        self.fallback = fallback
+        self._recorded: dict[Any, _Recorded | None] = {}  # None: runs uncaptured
+        self.replays = 0
+        self.calls = 0
+
+    def stats(self) -> dict[str, Any]:
+        """Signatures recorded, replays, and how replays run (``op by op`` on the proxy)."""
+        kept = [r for r in self._recorded.values() if r is not None]
+        return {
+            "signatures": len(kept),
+            "uncaptured": len(self._recorded) - len(kept),
+            "calls": self.calls,
+            "replays": self.replays,
+            "replayed_as": "op by op",
+        }
+
+    def free(self) -> None:
+        """Forget the recordings (on the proxy too); the next call records again."""
+        recorded, self._recorded = self._recorded, {}
+        for r in recorded.values():
+            if r is not None:
+                self._core.post(_FREE_STEP, 0, [r.handle], None)
+
+    def __call__(self, *args: Any, **static: Any) -> Any:
+        self.calls += 1
+        stream = self._stream()
+        key = self._signature(args, static, stream)
+        if key not in self._recorded:
+            return self._record(key, args, static, stream)
+        recorded = self._recorded[key]
+        if recorded is None:  # needs data: runs uncaptured
+            return self._fn(*args, **static)
+        return self._replay(recorded, args, stream)
+
+    # -- signature -------------------------------------------------------------------------
+    def _signature(self, args: tuple[Any, ...], static: dict[str, Any], stream: int) -> Any:
+        parts: list[Any] = [stream]
+        for a in args:
+            if isinstance(a, ArrayRef):
+                if a._core is not self._core:
+                    raise ValueError("a captured step's arrays must be on its device")
+                parts.append((a.shape, a._dtype))
+            else:
+                parts.append(("static", type(a), a))
+        parts.extend(sorted(static.items()))
+        key = tuple(parts)
+        try:
+            hash(key)
+        except TypeError:
+            raise TypeError(
+                "a captured step's non-array arguments are static: they must be hashable"
+            ) from None
+        return key
+
+    # -- recording -------------------------------------------------------------------------
+    def _record(self, key: Any, args: tuple[Any, ...], static: dict[str, Any], stream: int) -> Any:
+        core, session = self._core, self._core.session
+        rec = Recording(self.fallback, user_line)
+        post = core.post
+
+        def recording_post(
+            spec: CallSpec, stream: int, a: list[Any], buffer: memoryview | None
+        ) -> None:
+            if spec is not _FREE:  # frees of arrays that fn drops are not part of the step
+                rec.add(spec, stream, a, buffer)
+            post(spec, stream, a, buffer)
+
+        core.post = recording_post
+        core.recording = rec
+        session.recording = rec  # type: ignore[attr-defined]  # what waits is refused
+        try:
+            out = self._fn(*args, **static)
+        finally:
+            core.post = post
+            core.recording = None
+            session.recording = None  # type: ignore[attr-defined]
+        if rec.abandoned or not rec.commands:  # needed data, or did nothing: uncaptured
+            self._recorded[key] = None
+            return out
+        arrays = [a for a in args if isinstance(a, ArrayRef)]
+        outputs, buffers = self._outputs(out, arrays, rec)
+        handle = core.new_handle()
+        program = rec.program([a._desc() for a in arrays], [h for h, _ in buffers])
+        core.post(_RECORD, stream, [handle, program], None)
+        self._recorded[key] = _Recorded(handle, buffers, outputs, type(out))
+        return out
+
+    @staticmethod
+    def _outputs(
+        out: Any, arrays: list[ArrayRef], rec: Recording
+    ) -> tuple[list[tuple[Any, ...]], list[tuple[int, int]]]:
+        if out is None:
+            items: list[Any] = []
+        elif isinstance(out, ArrayRef):
+            items = [out]
+        elif isinstance(out, tuple | list) and all(isinstance(o, ArrayRef) for o in out):
+            items = list(out)
+        else:
+            raise TypeError(
+                "a captured step returns an array, a tuple or list of arrays, or None; "
+                f"not {type(out).__name__}"
+            )
+        outputs: list[tuple[Any, ...]] = []
+        buffers: list[tuple[int, int]] = []
+        index: dict[int, int] = {}
+        for o in items:
+            h = o._buf.handle
+            if h in rec.created:
+                if h not in index:
+                    index[h] = len(buffers)
+                    buffers.append((h, o._buf.nbytes))
+                outputs.append(("r", index[h], o.shape, o._dtype, o.offset))
+                continue
+            k = next((i for i, a in enumerate(arrays) if a is o), None)
+            outputs.append(("a", k) if k is not None else ("k", o))
+        return outputs, buffers
+
+    # -- replaying -------------------------------------------------------------------------
+    def _replay(self, recorded: _Recorded, args: tuple[Any, ...], stream: int) -> Any:
+        core = self._core
+        arrays = [a for a in args if isinstance(a, ArrayRef)]
+        wires = [a._desc() for a in arrays]
+        bufs = [Buffer(core.release, core.new_handle(), n) for _, n in recorded.buffers]
+        try:
+            core.post(_REPLAY, stream, [recorded.handle, wires, [b.handle for b in bufs]], None)
+        except BaseException:
+            for b in bufs:
+                b.detach()  # never made on the proxy
+            raise
+        for a in arrays:  # the step may write its arguments (in-place updates)
+            a._buf.invalidate()
+        self.replays += 1
+        outs = []
+        for o in recorded.outputs:
+            if o[0] == "r":
+                _, i, shape, dt, offset = o
+                outs.append(core.make(core, bufs[i], shape, dt, offset))
+            elif o[0] == "a":
+                outs.append(arrays[o[1]])
+            else:
+                outs.append(o[1])
+        if recorded.kind is None or recorded.kind is type(None):
+            return None
+        if issubclass(recorded.kind, ArrayRef):
+            return outs[0]
+        return tuple(outs) if issubclass(recorded.kind, tuple) else outs

@@ -1,0 +1,84 @@
+"""The calls of a step being captured (client side): what ``step_record`` sends.
+
+While a step is captured (``gpuremote.capture``), each ASYNC call the array core posts is also
+added here, in the wire form of a step (``gpuremote.protocol``'s ``Arg.STEP``): ``[opcode,
+stream, args]`` with the arrays it names listed once in a table of the step's own. The calls
+still run as usual: the first call of a captured step records and runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .calls import CALLS_BY_NAME, Arg, CallSpec
+from .errors import CaptureError
+from .protocol import STEP_CALLS
+
+__all__ = ["Recording"]
+
+_LAUNCH_NEW, _ALLOC = CALLS_BY_NAME["launch_new"], CALLS_BY_NAME["alloc"]
+
+
+class Recording:
+    """Calls recorded for one step (see the module docstring). ``fallback``: what a step
+    cannot hold ends the recording (``abandoned``) instead of raising ``CaptureError``;
+    ``where()`` names the user's line in an error."""
+
+    def __init__(self, fallback: bool = False, where: Callable[[], str] = lambda: "?") -> None:
+        self.commands: list[list[Any]] = []
+        self.created: set[int] = set()  # handles of the buffers the step makes
+        self.fallback = fallback
+        self.abandoned = False
+        self._where = where
+        self._arrays: list[list[Any]] = []
+        self._index: dict[int, int] = {}  # id(array descriptor) -> index in the table
+
+    def refuse(self, what: str) -> None:
+        """``what`` cannot be part of a step: ``CaptureError`` naming it and the user's line,
+        or, with ``fallback``, the recording ends and the call goes ahead."""
+        if self.abandoned:
+            return
+        if self.fallback:
+            self.abandoned = True
+            return
+        raise CaptureError(f"{what}, at {self._where()}, cannot be part of a captured step")
+
+    def add(self, spec: CallSpec, stream: int, args: list[Any], buffer: Any = None) -> None:
+        """Record an ASYNC call (``refuse`` what a step cannot hold)."""
+        if self.abandoned:
+            return
+        if buffer is not None:
+            self.refuse(f"{spec.name} (host data sent to the device; pass it as an argument)")
+            return
+        if spec.name not in STEP_CALLS:
+            self.refuse(f"{spec.name} (a step uses the session's streams, events and kernels)")
+            return
+        out = list(args)
+        for i, (_, kind) in enumerate(spec.args):
+            a = out[i]
+            if kind is Arg.ARRAY:
+                out[i] = self.intern(a)
+            elif kind is Arg.ARRAYS:
+                out[i] = [self.intern(w) for w in a]
+            elif kind is Arg.KERNEL_ARGS:
+                out[i] = [["a", self.intern(k[1])] if k[0] == "a" else k for k in a]
+        if spec is _LAUNCH_NEW:
+            self.created.update(w[0] for w in args[2])
+        elif spec is _ALLOC:
+            self.created.add(args[0])
+        self.commands.append([spec.opcode, stream, out])
+
+    def intern(self, wire: list[Any]) -> int:
+        """The index of array descriptor ``wire`` in the step's table."""
+        index = self._index.get(id(wire))
+        if index is None:
+            index = self._index[id(wire)] = len(self._arrays)
+            self._arrays.append(wire)  # kept alive with the recording: its id stays unique
+        return index
+
+    def program(self, slots: list[list[Any]], results: list[int]) -> list[Any]:
+        """The step on the wire: the arguments' descriptors ``slots`` and the buffer handles
+        of its ``results``."""
+        indices = [self.intern(w) for w in slots]
+        return [[list(w) for w in self._arrays], self.commands, indices, results]
