@@ -81,6 +81,11 @@ def _value(kind: Arg, draw: Any, arrays: list[list[Any]]) -> Any:
         return draw(st.lists(st.integers(1, 1024), min_size=1, max_size=3))
     if kind is Arg.BUFFER:
         return 0
+    if kind is Arg.STEP:  # a step of n launches of x -> a new buffer each, on its own table
+        n = draw(st.integers(1, 3))
+        table = [[1, 0, [4], "float32"], *([h, 0, [4], "float32"] for h in range(2, n + 2))]
+        calls = [[24, 0, ["exp", [i], [i + 1], {}]] for i in range(n)]
+        return [table, calls, [0], [n + 1]]
     raise AssertionError(kind)
 
 
@@ -114,6 +119,10 @@ def test_every_command_kind_round_trips(batch: Any) -> None:
                 assert len(got) == len(sent)
             elif kind in (Arg.DIMS, Arg.HANDLES):
                 assert list(got) == sent
+            elif kind is Arg.STEP:
+                assert [d.encode() for d in got.slots] == [sent[0][0]]
+                assert [c.spec.opcode for c in got.commands] == [c[0] for c in sent[1]]
+                assert list(got.results) == sent[3]
             else:
                 assert got == sent
 

@@ -215,7 +215,7 @@ async def test_a_peer_announcing_a_gibibyte_before_its_hello_is_cut_off_at_no_co
         await asyncio.sleep(0.2)
         grown = rss_bytes(pid) - before
         assert grown < 1 << 20, f"the proxy grew by {grown / 2**20:.2f} MiB"
-        snapshot = await fetch(good, TOKEN)
+        snapshot = await fetch(good.session, TOKEN)
         assert snapshot["connections"]["handshake_refused"] >= attacks
         await _served(good, 1000)
 

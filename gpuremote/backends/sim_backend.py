@@ -221,7 +221,17 @@ class SimBackend(NumpyBackend):
                 op.run(np, ins, outs, params)
                 self._work()
 
-        stream.put(job)
+        seconds = 0.0
+        if self.profile is not None:
+            for op, ins, outs, params in batch:
+                seconds += op_time(
+                    self.profile,
+                    op.name,
+                    [(x.shape, x.dtype) for x in ins],
+                    [(x.shape, x.dtype) for x in outs],
+                    params,
+                )
+        self._put(stream, job, seconds)
 
     # -- waiting ---------------------------------------------------------------------------
     def to_host(self, src: Any, stream: Any) -> np.ndarray[Any, Any]:

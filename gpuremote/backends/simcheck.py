@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .base import BackendError, DeviceInfo
+from .base import BackendError, DeviceInfo, OpRun
 from .sim_backend import SimBackend, _Event, _Stream
 
 __all__ = ["HOST", "POISON", "Checker", "SimCheckBackend", "StreamRace"]
@@ -444,6 +444,11 @@ class SimCheckBackend(SimBackend):
             region[...] = value
 
         stream.put(job)
+
+    def run_ops(self, runs: Sequence[OpRun], stream: Any) -> None:
+        # each op checked as it is issued, as a launch of its own is
+        for op, ins, outs, params in runs:
+            self.run_op(op, ins, outs, params, stream)
 
     def run_op(
         self, op: Any, ins: Sequence[Any], outs: Sequence[Any], params: dict[str, Any], stream: Any
