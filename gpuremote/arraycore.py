@@ -11,7 +11,7 @@ loop in the calling thread) and hands the reply back. Everything an array needs 
   wire form, the freed check);
 - the host-copy policy (``HostCopies``): a host copy of a whole buffer, known from an upload or
   a read, answers the next read with no round trip; copies larger than ``shadow_max_bytes``
-  are never kept, nor any when ``shadow`` is off;
+  are never kept (reads: larger than 1 MiB), nor any when ``shadow`` is off;
 - upload, download, free, ``reshape`` (the standard's rule, ``reshape_dims``), launches with
   new outputs or ``into`` existing ones, dynamic-shape launches, and ``to_device`` between two
   sessions (proxy to proxy, else through the client);
@@ -232,18 +232,31 @@ def _is_scalar(x: Any) -> bool:
 
 
 class HostCopies:
-    """The one host-copy policy: which host copies of a buffer the client keeps (``shadow``
-    on, the whole buffer, at most ``max_bytes``)."""
+    """The one host-copy policy: which host copies of a buffer the client keeps. Only with
+    ``shadow`` on, only of a whole buffer, at most ``max_bytes`` each; an upload's copy (made
+    anyway, so that the caller may change its data at once) up to ``max_bytes``, a read's up
+    to ``read_max_bytes`` as well (keeping a read costs a copy of the data, which a large read
+    that is not repeated would pay for nothing)."""
 
-    __slots__ = ("enabled", "max_bytes")
+    __slots__ = ("enabled", "max_bytes", "read_max_bytes")
 
-    def __init__(self, enabled: bool, max_bytes: int) -> None:
+    def __init__(self, enabled: bool, max_bytes: int, read_max_bytes: int = 1 << 20) -> None:
         self.enabled = enabled
         self.max_bytes = max_bytes
+        self.read_max_bytes = min(read_max_bytes, max_bytes)
 
     def keep(self, buf: Buffer, host: np.ndarray[Any, Any]) -> None:
-        """Remember ``host`` (uint8, the whole buffer) as ``buf``'s host copy, if allowed."""
+        """Remember ``host`` (uint8, the whole buffer, the client's own copy) as ``buf``'s
+        host copy, if allowed."""
         buf.host = host if self.enabled and host.nbytes <= self.max_bytes else None
+
+    def keep_read(self, buf: Buffer, data: np.ndarray[Any, Any]) -> bool:
+        """Remember a copy of ``data`` (uint8, the whole buffer, as read) as ``buf``'s host
+        copy, if allowed; whether it did."""
+        if self.enabled and data.nbytes <= self.read_max_bytes and not buf.freed:
+            buf.host = data.copy()
+            return True
+        return False
 
     def read(self, ref: ArrayRef) -> np.ndarray[Any, Any] | None:
         """``ref``'s data from its buffer's host copy (a copy of it), if one is kept."""
@@ -374,12 +387,10 @@ class Core:
         host copy where the policy allows."""
         value, bufs = reply
         data = np.frombuffer(bufs[value], dtype=np.uint8)
-        out = data.view(ref._dtype).reshape(ref.shape)
         buf = ref._buf
-        if ref.offset == 0 and ref.nbytes == buf.nbytes and not buf.freed:
-            self.copies.keep(buf, data)
-            if buf.host is not None:
-                return out.copy()  # the kept copy stays the caller's to change
+        if ref.offset == 0 and ref.nbytes == buf.nbytes:
+            self.copies.keep_read(buf, data)  # its own copy: the caller may change theirs
+        out = data.view(ref._dtype).reshape(ref.shape)
         return out if out.flags.writeable else out.copy()
 
     # -- free and views --------------------------------------------------------------------
