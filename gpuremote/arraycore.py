@@ -55,6 +55,7 @@ __all__ = [
     "dtype_name",
     "fill_param",
     "infer",
+    "kernel_arg",
     "reshape_dims",
     "scalar_param",
     "signature",
@@ -225,6 +226,22 @@ def fill_param(dt: np.dtype[Any], value: Any) -> Any:
             raise OverflowError(f"Python int {value} is out of the range of {dt}: cannot be sent")
         return float(value)
     return value
+
+
+def kernel_arg(value: Any) -> list[Any]:
+    """A scalar argument of a user kernel as the wire carries it (``["s", dtype, value]``):
+    a NumPy scalar in its dtype, a Python ``int`` as an int64 (``OverflowError`` if it does
+    not fit), a ``float`` as a float64, a ``bool`` as a bool."""
+    if isinstance(value, np.generic):
+        return ["s", value.dtype.name, value.item()]
+    t = type(value)
+    if t is int:
+        if not -(2**63) <= value < 2**63:
+            raise OverflowError(f"kernel argument {value} does not fit an int64")
+        return ["s", "int64", value]
+    if t is float or t is bool:
+        return ["s", np.dtype(t).name, value]
+    raise TypeError(f"kernel argument of type {t.__name__} is not supported")
 
 
 def _is_scalar(x: Any) -> bool:
