@@ -90,7 +90,7 @@ class Buffer:
     """A block of device memory on the proxy; ``host`` is a valid host copy of its bytes
     (uint8), if one is known, so that reading it costs no round trip."""
 
-    __slots__ = ("__weakref__", "freed", "handle", "host", "nbytes", "release")
+    __slots__ = ("__weakref__", "freed", "handle", "host", "nbytes", "release", "writes")
 
     def __init__(self, release: Callable[[int, int], None], handle: int, nbytes: int) -> None:
         self.release = release  # called with (handle, nbytes) once, when the buffer goes
@@ -98,10 +98,12 @@ class Buffer:
         self.nbytes = nbytes
         self.host: Any = None
         self.freed = False
+        self.writes = 0  # writes queued so far: a read's bytes are kept only if none came since
 
     def invalidate(self) -> None:
-        """The device wrote the buffer: the host copy is stale."""
+        """The buffer is written (by the device, or by an upload): the host copy is stale."""
         self.host = None
+        self.writes += 1
 
     def detach(self) -> bool:
         """Mark the buffer freed by its owner (no release when it goes); False if it was."""
@@ -371,10 +373,9 @@ class Core:
         """Upload ``snap`` (the caller's own copy, of ``dst``'s shape and dtype) into ``dst``
         (ASYNC); it becomes the buffer's host copy where the policy allows."""
         buf = dst._buf
+        buf.invalidate()
         if dst.offset == 0 and dst.nbytes == buf.nbytes:
             self.copies.keep(buf, snap.reshape(-1).view(np.uint8))
-        else:
-            buf.invalidate()
         self.post(_H2D, stream, [dst._desc(), BUFFER], byte_view(snap))
 
     def borrow(self, dst: ArrayRef, host: Any) -> tuple[list[Any], memoryview]:
@@ -395,17 +396,17 @@ class Core:
             self.session.count_local(shadow_bytes=ref.nbytes)
         return out
 
-    def download(self, ref: ArrayRef, stream: int = 0) -> Call:
-        """The call that reads ``ref`` (``downloaded`` takes its reply)."""
-        return (self, _D2H, stream, [ref._desc()], None)
+    def download(self, ref: ArrayRef, stream: int = 0) -> tuple[Call, int]:
+        """The call that reads ``ref``, and what ``downloaded`` needs with its reply."""
+        return (self, _D2H, stream, [ref._desc()], None), ref._buf.writes
 
-    def downloaded(self, ref: ArrayRef, reply: Reply) -> np.ndarray[Any, Any]:
+    def downloaded(self, ref: ArrayRef, reply: Reply, writes: int) -> np.ndarray[Any, Any]:
         """``ref``'s data from the reply of ``download``; a whole buffer's bytes become its
-        host copy where the policy allows."""
+        host copy where the policy allows, unless a write was queued since the read was."""
         value, bufs = reply
         data = np.frombuffer(bufs[value], dtype=np.uint8)
         buf = ref._buf
-        if ref.offset == 0 and ref.nbytes == buf.nbytes:
+        if ref.offset == 0 and ref.nbytes == buf.nbytes and buf.writes == writes:
             self.copies.keep_read(buf, data)  # its own copy: the caller may change theirs
         out = data.view(ref._dtype).reshape(ref.shape)
         return out if out.flags.writeable else out.copy()

@@ -158,8 +158,8 @@ class RemoteArray(ArrayRef):
         if host is not None:
             return host
         gpu: GPU = core.owner
-        _, spec, s, args, buf = core.download(self, gpu._stream(stream))
-        return core.downloaded(self, await gpu._session.call(spec, s, args, buf))
+        (_, spec, s, args, buf), writes = core.download(self, gpu._stream(stream))
+        return core.downloaded(self, await gpu._session.call(spec, s, args, buf), writes)
 
     def set(self, host: Any, stream: Stream | None = None) -> None:
         """Upload ``host`` into this array (ASYNC; ``host`` is copied first, so the caller may
