@@ -11,7 +11,7 @@ loop in the calling thread) and hands the reply back. Everything an array needs 
   wire form, the freed check);
 - the host-copy policy (``HostCopies``): a host copy of a whole buffer, known from an upload or
   a read, answers the next read with no round trip; copies larger than ``shadow_max_bytes``
-  are never kept, nor any when ``shadow`` is off;
+  are never kept (reads: larger than 1 MiB), nor any when ``shadow`` is off;
 - upload, download, free, ``reshape`` (the standard's rule, ``reshape_dims``), launches with
   new outputs or ``into`` existing ones, dynamic-shape launches, and ``to_device`` between two
   sessions (proxy to proxy, else through the client);
@@ -56,6 +56,7 @@ __all__ = [
     "dtype_name",
     "fill_param",
     "infer",
+    "kernel_arg",
     "reshape_dims",
     "scalar_param",
     "signature",
@@ -90,7 +91,7 @@ class Buffer:
     """A block of device memory on the proxy; ``host`` is a valid host copy of its bytes
     (uint8), if one is known, so that reading it costs no round trip."""
 
-    __slots__ = ("__weakref__", "freed", "handle", "host", "nbytes", "release")
+    __slots__ = ("__weakref__", "freed", "handle", "host", "nbytes", "release", "writes")
 
     def __init__(self, release: Callable[[int, int], None], handle: int, nbytes: int) -> None:
         self.release = release  # called with (handle, nbytes) once, when the buffer goes
@@ -98,10 +99,12 @@ class Buffer:
         self.nbytes = nbytes
         self.host: Any = None
         self.freed = False
+        self.writes = 0  # writes queued so far: a read's bytes are kept only if none came since
 
     def invalidate(self) -> None:
-        """The device wrote the buffer: the host copy is stale."""
+        """The buffer is written (by the device, or by an upload): the host copy is stale."""
         self.host = None
+        self.writes += 1
 
     def detach(self) -> bool:
         """Mark the buffer freed by its owner (no release when it goes); False if it was."""
@@ -159,7 +162,7 @@ class ArrayRef(ArrayMetadata):
         self._dtype = dtype
         self.offset = offset
         self._meta = (shape, dtype)
-        self._wire = [buf.handle, offset, list(shape), dtype_name(dtype)]
+        self._wire = [buf.handle, offset, list(shape), _NAMES.get(dtype) or dtype_name(dtype)]
 
     @property
     def handle(self) -> int:
@@ -228,23 +231,52 @@ def fill_param(dt: np.dtype[Any], value: Any) -> Any:
     return value
 
 
+def kernel_arg(value: Any) -> list[Any]:
+    """A scalar argument of a user kernel as the wire carries it (``["s", dtype, value]``):
+    a NumPy scalar in its dtype, a Python ``int`` as an int64 (``OverflowError`` if it does
+    not fit), a ``float`` as a float64, a ``bool`` as a bool."""
+    if isinstance(value, np.generic):
+        return ["s", value.dtype.name, value.item()]
+    t = type(value)
+    if t is int:
+        if not -(2**63) <= value < 2**63:
+            raise OverflowError(f"kernel argument {value} does not fit an int64")
+        return ["s", "int64", value]
+    if t is float or t is bool:
+        return ["s", np.dtype(t).name, value]
+    raise TypeError(f"kernel argument of type {t.__name__} is not supported")
+
+
 def _is_scalar(x: Any) -> bool:
     return type(x) in (bool, int, float, complex) or isinstance(x, np.generic)
 
 
 class HostCopies:
-    """The one host-copy policy: which host copies of a buffer the client keeps (``shadow``
-    on, the whole buffer, at most ``max_bytes``)."""
+    """The one host-copy policy: which host copies of a buffer the client keeps. Only with
+    ``shadow`` on, only of a whole buffer, at most ``max_bytes`` each; an upload's copy (made
+    anyway, so that the caller may change its data at once) up to ``max_bytes``, a read's up
+    to ``read_max_bytes`` as well (keeping a read costs a copy of the data, which a large read
+    that is not repeated would pay for nothing)."""
 
-    __slots__ = ("enabled", "max_bytes")
+    __slots__ = ("enabled", "max_bytes", "read_max_bytes")
 
-    def __init__(self, enabled: bool, max_bytes: int) -> None:
+    def __init__(self, enabled: bool, max_bytes: int, read_max_bytes: int = 1 << 20) -> None:
         self.enabled = enabled
         self.max_bytes = max_bytes
+        self.read_max_bytes = min(read_max_bytes, max_bytes)
 
     def keep(self, buf: Buffer, host: np.ndarray[Any, Any]) -> None:
-        """Remember ``host`` (uint8, the whole buffer) as ``buf``'s host copy, if allowed."""
+        """Remember ``host`` (uint8, the whole buffer, the client's own copy) as ``buf``'s
+        host copy, if allowed."""
         buf.host = host if self.enabled and host.nbytes <= self.max_bytes else None
+
+    def keep_read(self, buf: Buffer, data: np.ndarray[Any, Any]) -> bool:
+        """Remember a copy of ``data`` (uint8, the whole buffer, as read) as ``buf``'s host
+        copy, if allowed; whether it did."""
+        if self.enabled and data.nbytes <= self.read_max_bytes and not buf.freed:
+            buf.host = data.view(np.uint8).copy()
+            return True
+        return False
 
     def read(self, ref: ArrayRef) -> np.ndarray[Any, Any] | None:
         """``ref``'s data from its buffer's host copy (a copy of it), if one is kept."""
@@ -353,10 +385,9 @@ class Core:
         """Upload ``snap`` (the caller's own copy, of ``dst``'s shape and dtype) into ``dst``
         (ASYNC); it becomes the buffer's host copy where the policy allows."""
         buf = dst._buf
+        buf.invalidate()
         if dst.offset == 0 and dst.nbytes == buf.nbytes:
             self.copies.keep(buf, snap.reshape(-1).view(np.uint8))
-        else:
-            buf.invalidate()
         self.post(_H2D, stream, [dst._desc(), BUFFER], byte_view(snap))
 
     def borrow(self, dst: ArrayRef, host: Any) -> tuple[list[Any], memoryview]:
@@ -371,6 +402,8 @@ class Core:
     # -- download --------------------------------------------------------------------------
     def cached(self, ref: ArrayRef) -> np.ndarray[Any, Any] | None:
         """``ref``'s data if a kept host copy answers it (counted as a local call)."""
+        if ref._buf.host is None:  # the common case, in one test
+            return None
         ref._desc()
         if self.recording is not None:  # a step's data is the device's, at each replay
             self.recording.refuse("reading an array's data")
@@ -379,22 +412,20 @@ class Core:
             self.session.count_local(shadow_bytes=ref.nbytes)
         return out
 
-    def download(self, ref: ArrayRef, stream: int = 0) -> Call:
-        """The call that reads ``ref`` (``downloaded`` takes its reply)."""
-        return (self, _D2H, stream, [ref._desc()], None)
+    def download(self, ref: ArrayRef, stream: int = 0) -> tuple[Call, int]:
+        """The call that reads ``ref``, and what ``downloaded`` needs with its reply."""
+        return (self, _D2H, stream, [ref._desc()], None), ref._buf.writes
 
-    def downloaded(self, ref: ArrayRef, reply: Reply) -> np.ndarray[Any, Any]:
+    def downloaded(self, ref: ArrayRef, reply: Reply, writes: int) -> np.ndarray[Any, Any]:
         """``ref``'s data from the reply of ``download``; a whole buffer's bytes become its
-        host copy where the policy allows."""
+        host copy where the policy allows, unless a write was queued since the read was."""
         value, bufs = reply
-        data = np.frombuffer(bufs[value], dtype=np.uint8)
-        out = data.view(ref._dtype).reshape(ref.shape)
+        data = np.frombuffer(bufs[value], dtype=ref._dtype)
         buf = ref._buf
-        if ref.offset == 0 and ref.nbytes == buf.nbytes and not buf.freed:
-            self.copies.keep(buf, data)
-            if buf.host is not None:
-                return out.copy()  # the kept copy stays the caller's to change
-        return out if out.flags.writeable else out.copy()
+        if data.nbytes == buf.nbytes and buf.writes == writes:  # the whole buffer, as it is
+            self.copies.keep_read(buf, data)  # its own copy: the caller may change theirs
+        out = data.reshape(ref.shape)
+        return out if data.flags.writeable else out.copy()
 
     # -- free and views --------------------------------------------------------------------
     def free(self, ref: ArrayRef) -> None:
@@ -465,27 +496,33 @@ class Core:
     ) -> list[Any]:
         """Run op ``name`` (ASYNC): its outputs are new arrays (the proxy allocates their
         buffers with the launch), or ``into`` existing ones of the right shapes and dtypes."""
+        metas = []
+        wires = []
         for a in arrays:
             if a._core is not self:
                 here, there = getattr(a._core.owner, "url", ""), getattr(self.owner, "url", "")
                 raise ValueError(f"arrays on two devices ({here} and {there}) cannot be combined")
             if a._buf.freed:  # before anything exists
                 a._desc()
+            metas.append(a._meta)
+            wires.append(a._wire)
         try:
-            outs_meta = infer(name, [a._meta for a in arrays], params)
+            outs_meta = infer(name, metas, params)
         except OpError as exc:
             _raise_local(exc)
-        wires = [a._wire for a in arrays]
         if into is None:
             outs = []
+            out_wires = []
             new_handle, release, make = self.new_handle, self.release, self.make
             for shape, dt in outs_meta:
                 nbytes = dt.itemsize
                 for d in shape:
                     nbytes *= d
-                outs.append(make(self, Buffer(release, new_handle(), nbytes), shape, dt))
+                out = make(self, Buffer(release, new_handle(), nbytes), shape, dt)
+                outs.append(out)
+                out_wires.append(out._wire)
             try:
-                self.post(_LAUNCH_NEW, stream, [name, wires, [o._wire for o in outs], params], None)
+                self.post(_LAUNCH_NEW, stream, [name, wires, out_wires, params], None)
             except BaseException:
                 for o in outs:
                     o._buf.detach()  # never made on the proxy: nothing to free

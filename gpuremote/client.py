@@ -25,7 +25,16 @@ from typing import Any, overload
 
 import numpy as np
 
-from .arraycore import ArrayRef, Buffer, Core, HostCopies, Steps, fill_param, supported_dtype
+from .arraycore import (
+    ArrayRef,
+    Buffer,
+    Core,
+    HostCopies,
+    Steps,
+    fill_param,
+    kernel_arg,
+    supported_dtype,
+)
 from .calls import CALLS_BY_NAME
 from .capture import Step
 from .clientsession import BUFFER, ClientSession
@@ -106,14 +115,8 @@ class Kernel:
             if isinstance(a, RemoteArray):
                 a._buf.invalidate()  # a kernel may write any array it is given
                 wire.append(["a", a._desc()])
-            elif isinstance(a, np.generic):
-                wire.append(["s", a.dtype.name, a.item()])
-            elif isinstance(a, bool | int | float):
-                if type(a) is int and not -(2**63) <= a < 2**63:
-                    raise OverflowError(f"kernel argument {a} does not fit an int64")
-                wire.append(["s", "int64" if type(a) is int else np.dtype(type(a)).name, a])
             else:
-                raise TypeError(f"kernel argument of type {type(a).__name__} is not supported")
+                wire.append(kernel_arg(a))
         self._gpu._core.post(
             _C["kernel_launch"],
             self._gpu._stream(stream),
@@ -157,8 +160,8 @@ class RemoteArray(ArrayRef):
         if host is not None:
             return host
         gpu: GPU = core.owner
-        _, spec, s, args, buf = core.download(self, gpu._stream(stream))
-        return core.downloaded(self, await gpu._session.call(spec, s, args, buf))
+        (_, spec, s, args, buf), writes = core.download(self, gpu._stream(stream))
+        return core.downloaded(self, await gpu._session.call(spec, s, args, buf), writes)
 
     def set(self, host: Any, stream: Stream | None = None) -> None:
         """Upload ``host`` into this array (ASYNC; ``host`` is copied first, so the caller may

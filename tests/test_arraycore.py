@@ -236,3 +236,12 @@ def test_client_side_imports_nothing_of_the_proxy_side() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+async def test_a_read_overtaken_by_a_write_is_not_kept(gpu: gpuremote.GPU) -> None:
+    x = gpu.asarray(np.ones(4, np.float32)) + 0.0  # computed on the device: no host copy
+    read = asyncio.ensure_future(x.get())
+    await asyncio.sleep(0)  # the read is on its way
+    gpu.launch("add", [x, x], [x])  # then a write, queued before the read's reply is in
+    np.testing.assert_array_equal(await read, np.ones(4))
+    np.testing.assert_array_equal(await x.get(), np.full(4, 2.0))  # not the stale read

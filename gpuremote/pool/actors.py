@@ -1,14 +1,7 @@
 """The actors of a pool of proxies on Ray (the ``[ray]`` extra): the proxies and the manager.
 
-Ray places each proxy on a node with the GPUs it asks for (``num_gpus``; Ray sets
-``CUDA_VISIBLE_DEVICES``) and restarts it when it dies; gpuremote keeps its own data path
-(tcp://, ucx://) between clients and proxies, so bulk data never goes through Ray::
-
-    import ray, gpuremote.pool as gr
-    ray.init()                                   # or ray.init(address="auto")
-    pool = gr.start_pool(2, name="team")         # 2 proxies, 1 GPU each
-    async with gpuremote.connect("pool://team") as gpu: ...
-    pool.stop()
+Ray places each proxy on a node with the GPUs it asks for and restarts it when it dies (see
+``gpuremote.pool`` for the use); this module runs proxies, so a client never imports it.
 
 A pool is a detached manager actor named ``NAME`` (namespace ``gpuremote``) and ``n`` detached
 proxy actors. The manager holds the pool's secret and its admin token, both made when the pool

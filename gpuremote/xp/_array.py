@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..arraycore import ArrayRef
+from ..arraycore import ArrayRef, fill_param
 from ..errors import LocalProtocolError
 from ._dtypes import DType, wrap
 
@@ -238,7 +238,7 @@ class Array(ArrayRef):
             if type(v) is complex:
                 arrays.append(dev.upload(np.asarray(v, dtype=self._dtype)))
             else:
-                params["scalar"] = v
+                params["scalar"] = fill_param(self._dtype, v)
         else:
             arrays.append(dev.upload(np.asarray(value, dtype=self._dtype)))
         dev.launch("setitem", arrays, params, into=self)

@@ -323,8 +323,8 @@ class Device:
         host = core.cached(array)
         if host is not None:
             return host
-        _, spec, _, args, buf = core.download(array)
-        return core.downloaded(array, self.call(spec, args, buf))
+        (_, spec, _, args, buf), writes = core.download(array)
+        return core.downloaded(array, self.call(spec, args, buf), writes)
 
     def synchronize(self) -> None:
         """Wait until everything posted has run; raises the first deferred error."""

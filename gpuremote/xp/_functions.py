@@ -69,7 +69,7 @@ def _array_like(x: Any, like: Array) -> Array:
 def _unary(name: str, x: Any, into: Array | None = None) -> Array:
     if not isinstance(x, Array):
         raise TypeError(f"{name} takes an array, got {type(x).__name__}")
-    return x._device.launch(name, [x], {}, into=into)[0]
+    return x._core.launch(name, [x], {}, None if into is None else [into])[0]
 
 
 def _binary(name: str, x1: Any, x2: Any, into: Array | None = None) -> Array:
@@ -85,7 +85,7 @@ def _binary(name: str, x1: Any, x2: Any, into: Array | None = None) -> Array:
 def _one(name: str, x: Array, **params: Any) -> Array:
     if not isinstance(x, Array):
         raise TypeError(f"{name} takes an array, got {type(x).__name__}")
-    return x._device.launch(name, [x], params)[0]
+    return x._core.launch(name, [x], params)[0]
 
 
 def _make_unary(name: str) -> Any:
@@ -120,7 +120,7 @@ def clip(x: Array, /, min: Any = None, max: Any = None) -> Array:
             params[f"n_{key}"] = 1
         elif bound is not None:
             params[key] = fill_param(x._dtype, bound)
-    return x._device.launch("clip", arrays, params)[0]
+    return x._core.launch("clip", arrays, params)[0]
 
 
 # -- creation ---------------------------------------------------------------------------------
@@ -183,7 +183,7 @@ def full(shape: Any, fill_value: Any, *, dtype: Any = None, device: Any = None) 
         params.update(value=v.real, imag=v.imag)
     else:
         params["value"] = v
-    return _dev(device).launch("full", [], params)[0]
+    return _dev(device).core.launch("full", [], params)[0]
 
 
 def zeros(shape: Any, *, dtype: Any = None, device: Any = None) -> Array:
@@ -223,7 +223,7 @@ def arange(
     if stop is None:
         start, stop = 0, start
     params = {"start": start, "stop": stop, "step": step, "dtype": _dtype_param(dtype)}
-    return _dev(device).launch("arange", [], params)[0]
+    return _dev(device).core.launch("arange", [], params)[0]
 
 
 def eye(
@@ -242,7 +242,7 @@ def eye(
         "k": k,
         "dtype": _dtype_param(dtype),
     }
-    return _dev(device).launch("eye", [], params)[0]
+    return _dev(device).core.launch("eye", [], params)[0]
 
 
 def linspace(
@@ -265,14 +265,14 @@ def linspace(
         "endpoint": endpoint,
         "dtype": _dtype_param(dtype),
     }
-    return _dev(device).launch("linspace", [], params)[0]
+    return _dev(device).core.launch("linspace", [], params)[0]
 
 
 def meshgrid(*arrays: Array, indexing: str = "xy") -> list[Array]:
     """Coordinate grids from 1-D arrays (``indexing`` ``'xy'`` or ``'ij'``)."""
     if not arrays:
         return []
-    return arrays[0]._device.launch("meshgrid", list(arrays), {"indexing": indexing})
+    return arrays[0]._core.launch("meshgrid", list(arrays), {"indexing": indexing})
 
 
 def tril(x: Array, /, *, k: int = 0) -> Array:
@@ -300,7 +300,7 @@ def astype(x: Array, dtype: Any, /, *, copy: builtins.bool = True, device: Any =
         x = x.to_device(device)
     if dt == x._dtype and not copy:
         return x
-    return x._device.launch("astype", [x], {"dtype": dt.name})[0]
+    return x._core.launch("astype", [x], {"dtype": dt.name})[0]
 
 
 _GROUP = {"b": 0, "i": 1, "u": 1, "f": 2, "c": 3}
@@ -417,12 +417,12 @@ def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
 
 def concat(arrays: Sequence[Array], /, *, axis: int | None = 0) -> Array:
     """The arrays joined along ``axis`` (flattened first when ``axis`` is None)."""
-    return arrays[0]._device.launch("concat", list(arrays), {"axis": axis})[0]
+    return arrays[0]._core.launch("concat", list(arrays), {"axis": axis})[0]
 
 
 def stack(arrays: Sequence[Array], /, *, axis: int = 0) -> Array:
     """The arrays joined along a new ``axis``."""
-    return arrays[0]._device.launch("stack", list(arrays), {"axis": axis})[0]
+    return arrays[0]._core.launch("stack", list(arrays), {"axis": axis})[0]
 
 
 def expand_dims(x: Array, /, axis: int = 0) -> Array:
@@ -471,7 +471,7 @@ def repeat(x: Array, repeats: Any, /, *, axis: int | None = None) -> Array:
 
 def unstack(x: Array, /, *, axis: int = 0) -> tuple[Array, ...]:
     """The slices of ``x`` along ``axis``, as a tuple."""
-    return tuple(x._device.launch("unstack", [x], {"axis": axis}))
+    return tuple(x._core.launch("unstack", [x], {"axis": axis}))
 
 
 def reshape(x: Array, /, shape: Any, *, copy: builtins.bool | None = None) -> Array:
@@ -498,12 +498,12 @@ def tensordot(x1: Array, x2: Array, /, *, axes: Any = 2) -> Array:
         params: dict[str, Any] = {"axes": axes}
     else:
         params = {"axes1": _axis(axes[0]), "axes2": _axis(axes[1])}
-    return x1._device.launch("tensordot", [x1, x2], params)[0]
+    return x1._core.launch("tensordot", [x1, x2], params)[0]
 
 
 def vecdot(x1: Array, x2: Array, /, *, axis: int = -1) -> Array:
     """The dot product of vectors along ``axis`` (``x1`` conjugated)."""
-    return x1._device.launch("vecdot", [x1, x2], {"axis": axis})[0]
+    return x1._core.launch("vecdot", [x1, x2], {"axis": axis})[0]
 
 
 # -- searching, sorting, sets -----------------------------------------------------------------
@@ -532,14 +532,14 @@ def searchsorted(
 ) -> Array:
     """Where ``x2``'s values would go in the sorted 1-D ``x1``."""
     arrays = [x1, x2] if sorter is None else [x1, x2, sorter]
-    return x1._device.launch("searchsorted", arrays, {"side": side})[0]
+    return x1._core.launch("searchsorted", arrays, {"side": side})[0]
 
 
 def where(condition: Array, x1: Any, x2: Any, /) -> Array:
     """Elements of ``x1`` where ``condition`` holds, else of ``x2`` (either may be a scalar)."""
     dev = condition._device
     if isinstance(x1, Array) and isinstance(x2, Array):
-        return dev.launch("where", [condition, x1, x2], {})[0]
+        return dev.core.launch("where", [condition, x1, x2], {})[0]
     if isinstance(x1, Array) or isinstance(x2, Array):
         arr, s, reverse = (x1, x2, False) if isinstance(x1, Array) else (x2, x1, True)
         s = s.item() if isinstance(s, np.generic) else s
@@ -547,10 +547,10 @@ def where(condition: Array, x1: Any, x2: Any, /) -> Array:
             params: dict[str, Any] = {"scalar": scalar_param(arr._dtype, s)}
             if reverse:
                 params["reverse"] = True
-            return dev.launch("where", [condition, arr], params)[0]
+            return dev.core.launch("where", [condition, arr], params)[0]
         other = _array_like(s, arr)
         pair = [other, arr] if reverse else [arr, other]
-        return dev.launch("where", [condition, *pair], {})[0]
+        return dev.core.launch("where", [condition, *pair], {})[0]
     raise TypeError("where needs at least one of x1 and x2 to be an array")
 
 
@@ -599,7 +599,7 @@ def unique_values(x: Array, /) -> Array:
 
 def isin(x1: Array, x2: Array, /, *, invert: builtins.bool = False) -> Array:
     """Whether each element of ``x1`` is in ``x2`` (negated with ``invert``)."""
-    return x1._device.launch("isin", [x1, x2], {"invert": invert})[0]
+    return x1._core.launch("isin", [x1, x2], {"invert": invert})[0]
 
 
 def sort(
@@ -720,17 +720,17 @@ def diff(
         if extra is not None:
             arrays.append(_array_like(extra, x))
             params[key] = True
-    return x._device.launch("diff", arrays, params)[0]
+    return x._core.launch("diff", arrays, params)[0]
 
 
 def take(x: Array, indices: Array, /, *, axis: int | None = None) -> Array:
     """The elements of ``x`` at ``indices`` along ``axis``."""
-    return x._device.launch("take", [x, indices], {"axis": axis})[0]
+    return x._core.launch("take", [x, indices], {"axis": axis})[0]
 
 
 def take_along_axis(x: Array, indices: Array, /, *, axis: int = -1) -> Array:
     """The elements of ``x`` at ``indices`` matched along ``axis``."""
-    return x._device.launch("take_along_axis", [x, indices], {"axis": axis})[0]
+    return x._core.launch("take_along_axis", [x, indices], {"axis": axis})[0]
 
 
 globals().update(ELEMENTWISE)

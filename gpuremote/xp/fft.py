@@ -28,7 +28,7 @@ __all__ = [
 
 
 def _one(name: str, x: Array, **params: Any) -> Array:
-    return x._device.launch(f"fft.{name}", [x], params)[0]
+    return x._core.launch(f"fft.{name}", [x], params)[0]
 
 
 def fft(x: Array, /, *, n: int | None = None, axis: int = -1, norm: str = "backward") -> Array:

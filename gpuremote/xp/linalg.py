@@ -64,7 +64,7 @@ class SVDResult(NamedTuple):
 
 
 def _run(name: str, arrays: list[Array], **params: Any) -> list[Array]:
-    return arrays[0]._device.launch(f"linalg.{name}", arrays, params)
+    return arrays[0]._core.launch(f"linalg.{name}", arrays, params)
 
 
 def cholesky(x: Array, /, *, upper: bool = False) -> Array:
