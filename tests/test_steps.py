@@ -191,7 +191,9 @@ def test_xp_data_while_recording_raises_or_falls_back(dev: Device) -> None:
         return x - 1
 
     x = xp.ones(4)
-    with pytest.raises(CaptureError, match=r"reading an array.s data, at .*test_steps\.py:\d+"):
+    with pytest.raises(
+        CaptureError, match=r"(reading an array.s data|copy_d2h).*, at .*test_steps\.py:\d+"
+    ):
         xp.capture(branchy)(x)
     f = xp.capture(branchy, fallback=True)
     for _ in range(3):
