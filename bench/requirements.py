@@ -502,11 +502,15 @@ def _per_trip(trace: list[Any], mode: Mode, bare: list[_Run]) -> float:
     return float(np.median(rests))
 
 
-def _quietest_pair(bare: list[_Run], runs: list[_Run], share: float = 0.02) -> int:
-    """The index of the pair of runs (``bare[i]``, ``runs[i]``, made one after the other)
-    to report: among the pairs that lost at most ``share`` of their time to other processes
-    (else the least-disturbed third), the one of the median time."""
-    lost = [(b.stolen + r.stolen) / (b.wall + r.wall) for b, r in zip(bare, runs, strict=True)]
+def _quietest(*series: list[_Run], share: float = 0.02) -> int:
+    """The index ``i`` of the runs to report, where ``series`` are runs made in turn
+    (``a[i]``, ``b[i]``, ... one after the other): among the turns that lost at most
+    ``share`` of their time to other processes (else the least-disturbed third), the one
+    whose last run took the median time."""
+    runs = series[-1]
+    lost = [
+        sum(s[i].stolen for s in series) / sum(s[i].wall for s in series) for i in range(len(runs))
+    ]
     order = sorted(range(len(runs)), key=lambda i: lost[i])
     keep = [i for i in order if lost[i] <= share] or order[: max(1, len(order) // 3)]
     keep.sort(key=lambda i: runs[i].wall)
@@ -577,30 +581,31 @@ async def _run_emulated(
             # per point, its runs alternate with runs over the bare link (A B A B), whose
             # rest of a round trip the point's prediction uses: drift (other jobs on shared
             # CPUs) then hits both alike
-            raw: dict[str, list[tuple[float, float, list[_Run], list[_Run]]]] = {
+            raw: dict[str, list[tuple[float, float, list[_Run], list[_Run], list[_Run]]]] = {
                 m.name: [] for m in modes
             }
             for rtt in cfg.rtts_us:
                 for mode in modes:
                     for bw in cfg.bws_gbit:
                         url = _emu_url(base, rtt, bw)
-                        runs, bare = [], []
+                        runs, bare, local = [], [], []
                         async with (  # entered in turn: each finds its own proxy end
                             _Link(bare_url, mode, fn, wsizes, proxy, name) as a,
                             _Link(url, mode, fn, wsizes, proxy, name) as b,
                         ):
-                            for _ in range(cfg.repeats):
+                            for _ in range(cfg.repeats):  # local, bare, point; again
+                                local.append((await _local(fn, wsizes, backend))[0])
                                 bare.append(await a.run())
                                 runs.append(await b.run())
-                        raw[mode.name].append((rtt, bw, runs, bare))
+                        raw[mode.name].append((rtt, bw, runs, bare, local))
+                        local_runs += local
                         done += 1
                         report({"workload": wname, "done": done, "total": total})
-                local_runs.append((await _local(fn, wsizes, backend))[0])
             local_s = _median_run(local_runs).wall
             points: list[dict[str, Any]] = []
             costs_by_mode: dict[str, dict[str, Any]] = {}
             for mode in modes:
-                every = [r for *_, bare in raw[mode.name] for r in bare]
+                every = [r for *_, bare, _ in raw[mode.name] for r in bare]
                 per_trip_all = _per_trip(trace, mode, every)
                 mid = _median_run(every)
                 _, bare_costs, scaled = _predicted(trace, mode, mid, per_trip_all, 0.0, None)
@@ -612,10 +617,11 @@ async def _run_emulated(
                     "bare_link_s": mid.wall,
                     "bare_runs": len(every),
                 }
-                for rtt, bw, runs, bare in raw[mode.name]:
-                    # the pair (a bare run, the point's run right after it) that other
-                    # processes disturbed least; among equals, the one of the median time
-                    i = _quietest_pair(bare, runs)
+                for rtt, bw, runs, bare, local in raw[mode.name]:
+                    # the triple (a local run, a bare run, the point's run, one after the
+                    # other) that other processes disturbed least; among equals, the one of
+                    # the median time; the slowdown is against that local run
+                    i = _quietest(local, bare, runs)
                     r = runs[i]
                     per_trip = _per_trip(trace, mode, [bare[i]])
                     predicted, costs, scaled = _predicted(trace, mode, r, per_trip, rtt, bw)
@@ -625,6 +631,7 @@ async def _run_emulated(
                     err = predicted / r.wall - 1
                     emu_error = r.late / r.wall
                     stolen = (r.stolen + bare[i].stolen) / r.wall
+                    base_s = local[i].wall
                     points.append(
                         {
                             "rtt_us": rtt,
@@ -637,8 +644,9 @@ async def _run_emulated(
                             "emulator_error": emu_error,
                             "cpu_stolen": stolen,
                             "within": abs(err) <= max(cfg.tolerance, emu_error + stolen),
-                            "slowdown": r.wall / local_s - 1,
-                            "predicted_slowdown": predicted / local_s - 1,
+                            "local_s": base_s,
+                            "slowdown": r.wall / base_s - 1,
+                            "predicted_slowdown": predicted / base_s - 1,
                             "network_only_slowdown": ideal / local_model_s - 1,
                             "client_per_call_us": sum(t.gap_s for t in scaled) / ncalls * 1e6,
                             "proxy_per_call_us": costs.proxy_per_call * 1e6,
