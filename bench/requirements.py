@@ -423,13 +423,15 @@ class _Link:
 
 
 async def _local(
-    fn: Callable[..., Any], sizes: dict[str, Any], backend: str
+    fn: Callable[..., Any], sizes: dict[str, Any], backend: str, record: bool = True
 ) -> tuple[_Run, list[Any]]:
-    """One local run of ``fn``'s steps: (its time, its trace from the steps' start)."""
+    """One local run of ``fn``'s steps: (its time, its trace from the steps' start; without
+    ``record``, none: the baseline's time without the cost of recording it)."""
     from gpuremote.backends import get_backend
 
-    gpu = connect_local(get_backend(backend))
-    trace: list[Any] = gpu._session.trace  # type: ignore[attr-defined]
+    gpu = connect_local(get_backend(backend), record=record)
+    session: Any = gpu._session
+    trace: list[Any] = session.trace if session.trace is not None else []
     mark: list[tuple[float, int, float]] = []
     await fn(
         gpu,
@@ -514,7 +516,7 @@ def _quietest(*series: list[_Run], share: float = 0.02) -> int:
     order = sorted(range(len(runs)), key=lambda i: lost[i])
     keep = [i for i in order if lost[i] <= share] or order[: max(1, len(order) // 3)]
     keep.sort(key=lambda i: runs[i].wall)
-    return keep[len(keep) // 2]
+    return keep[(len(keep) - 1) // 2]  # the lower median
 
 
 def _median_run(runs: list[_Run]) -> _Run:
@@ -533,18 +535,25 @@ def _emu_url(base: str, rtt_us: float | None, bw_gbit: float | None) -> str:
 
 
 def _min_requirement(points: list[dict[str, Any]], mode: str, tol: float) -> dict[str, Any]:
-    """The largest RTT that is within ``tol`` at the grid's best bandwidth, and the smallest
-    bandwidth that is within it at the grid's best RTT (None: not within at any)."""
+    """The largest RTT up to which every RTT of the grid keeps the slowdown within ``tol``
+    at the grid's best bandwidth, and the smallest bandwidth from which every bandwidth does
+    at the grid's best RTT (None: not even the best one does)."""
     pts = [p for p in points if p["mode"] == mode]
     if not pts:
         return {"rtt_us": None, "bw_gbit": None}
     best_bw = max(p["bw_gbit"] for p in pts)
     best_rtt = min(p["rtt_us"] for p in pts)
-    ok = [p for p in pts if p["slowdown"] <= tol]
-    return {
-        "rtt_us": max((p["rtt_us"] for p in ok if p["bw_gbit"] == best_bw), default=None),
-        "bw_gbit": min((p["bw_gbit"] for p in ok if p["rtt_us"] == best_rtt), default=None),
-    }
+    rtt_ok: float | None = None
+    for p in sorted((p for p in pts if p["bw_gbit"] == best_bw), key=lambda p: p["rtt_us"]):
+        if p["slowdown"] > tol:
+            break
+        rtt_ok = p["rtt_us"]
+    bw_ok: float | None = None
+    for p in sorted((p for p in pts if p["rtt_us"] == best_rtt), key=lambda p: -p["bw_gbit"]):
+        if p["slowdown"] > tol:
+            break
+        bw_ok = p["bw_gbit"]
+    return {"rtt_us": rtt_ok, "bw_gbit": bw_ok}
 
 
 async def _run_emulated(
@@ -567,16 +576,17 @@ async def _run_emulated(
     try:
         for wname in cfg.workloads:
             fn, wsizes = WORKLOADS[wname], sizes[wname]
-            local_runs: list[_Run] = []
+            recorded: list[_Run] = []
             traces: dict[int, list[Any]] = {}
             for i in range(cfg.repeats + 1):  # the first run warms caches up, uncounted
                 lr, tr = await _local(fn, wsizes, backend)
                 if i:
-                    local_runs.append(lr)
+                    recorded.append(lr)
                     traces[id(lr)] = tr
             # the trace of the median quiet run: the model's calls, gaps and device times
-            trace = traces[id(_median_run(local_runs))]
+            trace = traces[id(_median_run(recorded))]
             local_model_s = local_seconds_of(trace)
+            local_runs: list[_Run] = []  # the baseline's runs, not recorded
             bare_url = _emu_url(base, None, None)
             # per point, its runs alternate with runs over the bare link (A B A B), whose
             # rest of a round trip the point's prediction uses: drift (other jobs on shared
@@ -594,7 +604,8 @@ async def _run_emulated(
                             _Link(url, mode, fn, wsizes, proxy, name) as b,
                         ):
                             for _ in range(cfg.repeats):  # local, bare, point; again
-                                local.append((await _local(fn, wsizes, backend))[0])
+                                lr, _ = await _local(fn, wsizes, backend, record=False)
+                                local.append(lr)
                                 bare.append(await a.run())
                                 runs.append(await b.run())
                         raw[mode.name].append((rtt, bw, runs, bare, local))
