@@ -631,7 +631,8 @@ async def _run_emulated(
                 for rtt, bw, runs, bare, local in raw[mode.name]:
                     # the triple (a local run, a bare run, the point's run, one after the
                     # other) that other processes disturbed least; among equals, the one of
-                    # the median time; the slowdown is against that local run
+                    # the median time; the slowdown is against the local runs' median (their
+                    # turns spread over the whole sweep)
                     i = _quietest(local, bare, runs)
                     r = runs[i]
                     per_trip = _per_trip(trace, mode, [bare[i]])
@@ -642,7 +643,6 @@ async def _run_emulated(
                     err = predicted / r.wall - 1
                     emu_error = r.late / r.wall
                     stolen = (r.stolen + bare[i].stolen) / r.wall
-                    base_s = local[i].wall
                     points.append(
                         {
                             "rtt_us": rtt,
@@ -655,9 +655,8 @@ async def _run_emulated(
                             "emulator_error": emu_error,
                             "cpu_stolen": stolen,
                             "within": abs(err) <= max(cfg.tolerance, emu_error + stolen),
-                            "local_s": base_s,
-                            "slowdown": r.wall / base_s - 1,
-                            "predicted_slowdown": predicted / base_s - 1,
+                            "slowdown": r.wall / local_s - 1,
+                            "predicted_slowdown": predicted / local_s - 1,
                             "network_only_slowdown": ideal / local_model_s - 1,
                             "client_per_call_us": sum(t.gap_s for t in scaled) / ncalls * 1e6,
                             "proxy_per_call_us": costs.proxy_per_call * 1e6,
