@@ -637,7 +637,7 @@ def _requirements(args: argparse.Namespace) -> int:
         _print_json(result)
         return 0
     console = Console()
-    columns = (
+    columns: tuple[str, ...] = (
         "RTT µs",
         "Gbit/s",
         "mode",
@@ -646,16 +646,30 @@ def _requirements(args: argparse.Namespace) -> int:
         "slowdown",
         "model error",
     )
+    emulated = result.get("transport") == "emu+inproc"
+    if emulated:  # the emulator's own error and the CPU other processes took, per point
+        columns = (*columns, "emu error", "CPU stolen", "model slowdown")
+
+    def extra(p: dict[str, Any]) -> tuple[str, ...]:
+        if not emulated:
+            return ()
+        return (
+            f"{100 * p['emulator_error']:.1f}%",
+            f"{100 * p['cpu_stolen']:.0f}%",
+            f"{100 * p['predicted_slowdown']:+.0f}%",
+        )
+
     for w in result["workloads"]:
         rows = (
             (
                 f"{p['rtt_us']:g}",
                 f"{p['bw_gbit']:g}",
                 p.get("mode", "optimized" if p["optimized"] else "unoptimized"),
-                f"{p['measured_s'] * 1e3:.1f}",
-                f"{p['predicted_s'] * 1e3:.1f}",
+                f"{p['measured_s'] * 1e3:.2f}",
+                f"{p['predicted_s'] * 1e3:.2f}",
                 f"{100 * p['slowdown']:+.0f}%",
-                f"{100 * p['model_error']:+.0f}%",
+                f"{100 * p['model_error']:+.1f}%",
+                *extra(p),
             )
             for p in w["points"]
         )
