@@ -681,6 +681,16 @@ async def _run_emulated(
                     "min_requirement": {
                         m.name: _min_requirement(points, m.name, cfg.tolerance) for m in modes
                     },
+                    # the model's answer with the software's costs as measured at each point
+                    # (steadier than the measured one where other jobs disturb runs)
+                    "min_requirement_model": {
+                        m.name: _min_requirement(
+                            [{**p, "slowdown": p["predicted_slowdown"]} for p in points],
+                            m.name,
+                            cfg.tolerance,
+                        )
+                        for m in modes
+                    },
                     # the model's answer were the client's and proxy's software free: the
                     # network's share of the requirement (the local run's gaps and host time)
                     "min_requirement_network_only": {
