@@ -137,8 +137,9 @@ def add_bench_parser(sub: Any) -> None:
     )
     rq.add_argument(
         "--modes",
-        default="unoptimized,optimized",
-        help="over emu+inproc: unoptimized, optimized (replay: once steps can be captured)",
+        default="unoptimized,optimized,replay",
+        help="over emu+inproc: unoptimized, optimized, replay (replay is skipped, with the "
+        "reason in the result, until steps can be captured)",
     )
     rq.add_argument("--tolerance", type=float, default=0.05)
     rq.add_argument("--repeats", type=int, default=3)
@@ -687,7 +688,7 @@ def _requirements(args: argparse.Namespace) -> int:
             f"device {result['device']}; worst model error {100 * result['max_model_error']:.1f}%;"
             f" every point within max(tolerance, the emulator's own error): "
             f"{result['all_within']}; modes not run: {result['modes_skipped'] or 'none'}; "
-            f"{result['seconds']:.0f} s"
+            f"{result['seconds']:.1f} s"
         )
     if result["plot"]:
         console.print(f"plot written to {result['plot']}")

@@ -114,7 +114,7 @@ class RequirementsConfig(TargetOptions):
     tolerance: float = 0.05
     quick: bool = False
     repeats: int = 3
-    modes: list[str] = field(default_factory=lambda: ["unoptimized", "optimized"])
+    modes: list[str] = field(default_factory=lambda: ["unoptimized", "optimized", "replay"])
 
 
 async def _timed(fn: Callable[..., Any], gpu: gpuremote.GPU, sizes: dict[str, Any]) -> float:

@@ -226,6 +226,7 @@ def test_bench_requirements_over_emu_inproc_json(tmp_path: Path, cli: Cli) -> No
     r = json.loads(out.stdout)
     assert r["device"] == "sim:a100,compute=0" and r["transport"] == "emu+inproc"
     assert r["modes"] == ["unoptimized", "optimized"]
+    assert "issue 32" in r["modes_skipped"]["replay"]  # declared, not run yet
     (w,) = r["workloads"]
     assert {(p["rtt_us"], p["bw_gbit"], p["mode"]) for p in w["points"]} == {
         (rtt, 100, m) for rtt in (5, 50) for m in ("unoptimized", "optimized")
