@@ -143,8 +143,9 @@ def add_bench_parser(sub: Any) -> None:
     )
     rq.add_argument(
         "--modes",
-        default="unoptimized,optimized",
-        help="over emu+inproc: unoptimized, optimized (replay: once steps can be captured)",
+        default="unoptimized,optimized,replay",
+        help="over emu+inproc: unoptimized, optimized, replay (replay is skipped, with the "
+        "reason in the result, until steps can be captured)",
     )
     rq.add_argument("--tolerance", type=float, default=0.05)
     rq.add_argument("--repeats", type=int, default=3)
@@ -644,7 +645,7 @@ def _requirements(args: argparse.Namespace) -> int:
         _print_json(result)
         return 0
     console = Console()
-    columns = (
+    columns: tuple[str, ...] = (
         "RTT µs",
         "Gbit/s",
         "mode",
@@ -653,16 +654,30 @@ def _requirements(args: argparse.Namespace) -> int:
         "slowdown",
         "model error",
     )
+    emulated = result.get("transport") == "emu+inproc"
+    if emulated:  # the emulator's own error and the CPU other processes took, per point
+        columns = (*columns, "emu error", "CPU stolen", "model slowdown")
+
+    def extra(p: dict[str, Any]) -> tuple[str, ...]:
+        if not emulated:
+            return ()
+        return (
+            f"{100 * p['emulator_error']:.1f}%",
+            f"{100 * p['cpu_stolen']:.0f}%",
+            f"{100 * p['predicted_slowdown']:+.0f}%",
+        )
+
     for w in result["workloads"]:
         rows = (
             (
                 f"{p['rtt_us']:g}",
                 f"{p['bw_gbit']:g}",
                 p.get("mode", "optimized" if p["optimized"] else "unoptimized"),
-                f"{p['measured_s'] * 1e3:.1f}",
-                f"{p['predicted_s'] * 1e3:.1f}",
+                f"{p['measured_s'] * 1e3:.2f}",
+                f"{p['predicted_s'] * 1e3:.2f}",
                 f"{100 * p['slowdown']:+.0f}%",
-                f"{100 * p['model_error']:+.0f}%",
+                f"{100 * p['model_error']:+.1f}%",
+                *extra(p),
             )
             for p in w["points"]
         )
@@ -680,7 +695,7 @@ def _requirements(args: argparse.Namespace) -> int:
             f"device {result['device']}; worst model error {100 * result['max_model_error']:.1f}%;"
             f" every point within max(tolerance, the emulator's own error): "
             f"{result['all_within']}; modes not run: {result['modes_skipped'] or 'none'}; "
-            f"{result['seconds']:.0f} s"
+            f"{result['seconds']:.1f} s"
         )
     if result["plot"]:
         console.print(f"plot written to {result['plot']}")

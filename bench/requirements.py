@@ -114,7 +114,7 @@ class RequirementsConfig(TargetOptions):
     tolerance: float = 0.05
     quick: bool = False
     repeats: int = 3
-    modes: list[str] = field(default_factory=lambda: ["unoptimized", "optimized"])
+    modes: list[str] = field(default_factory=lambda: ["unoptimized", "optimized", "replay"])
 
 
 async def _timed(fn: Callable[..., Any], gpu: gpuremote.GPU, sizes: dict[str, Any]) -> float:
@@ -359,27 +359,36 @@ def _run_queue_s() -> float:
         return 0.0
 
 
-async def _runs(
-    url: str,
-    mode: Mode,
-    fn: Callable[..., Any],
-    sizes: dict[str, Any],
-    repeats: int,
-    proxy: Any,
-    listener_name: str,
-) -> list[_Run]:
-    """Run workload ``fn`` ``repeats`` times over ``url`` (after a warm-up run), timing its
-    steps (from its ``ready`` call to its end) and what the client, the proxy, the device
-    and the emulator did meanwhile."""
-    from gpuremote.transports.inproc import listener
+class _Link:
+    """One client session over one URL, instrumented: ``await link.run()`` runs the workload
+    once and returns what its steps took (from its ``ready`` call to its end) and what the
+    client, the proxy, the device and the emulator did meanwhile."""
 
-    async with gpuremote.connect(url, **mode.connect) as gpu:
-        session: Any = gpu._session
-        conn = session.conn
-        lst = listener(listener_name)
+    def __init__(
+        self,
+        url: str,
+        mode: Mode,
+        fn: Callable[..., Any],
+        sizes: dict[str, Any],
+        proxy: Any,
+        listener_name: str,
+    ) -> None:
+        self.url, self.mode, self.fn, self.sizes = url, mode, fn, sizes
+        self.proxy, self.listener_name = proxy, listener_name
+        self._cm: Any = None
+        self.gpu: Any = None
+        self.awaited = 0.0
+
+    async def __aenter__(self) -> _Link:
+        from gpuremote.transports.inproc import listener
+
+        self._cm = gpuremote.connect(self.url, **self.mode.connect)
+        self.gpu = await self._cm.__aenter__()
+        session: Any = self.gpu._session
+        self.conn = session.conn
+        lst = listener(self.listener_name)
         assert lst is not None and lst.accepted, "no inproc connection to measure"
-        proxy_end = lst.accepted[-1]
-        awaited = [0.0]
+        self.proxy_end = lst.accepted[-1]  # connections are made one at a time: ours
         call = session.call
 
         async def timed_call(*args: Any, **kwargs: Any) -> Any:
@@ -387,38 +396,42 @@ async def _runs(
             try:
                 return await call(*args, **kwargs)
             finally:
-                awaited[0] += time.perf_counter() - t0
+                self.awaited += time.perf_counter() - t0
 
         session.call = timed_call  # on this instance: the time the client spends waiting
+        await self.fn(self.gpu, **self.sizes)  # warm-up, uncounted
+        return self
 
-        def snapshot() -> tuple[float, ...]:
-            return (
-                time.perf_counter(),
-                awaited[0],
-                proxy_end.busy_s,
-                proxy.backend.timing()[1],
-                conn.late_own_s,
-                _run_queue_s(),
-            )
+    async def __aexit__(self, *exc: Any) -> None:
+        await self._cm.__aexit__(*exc)
 
-        await fn(gpu, **sizes)  # warm-up, uncounted
-        runs = []
+    def _snapshot(self) -> tuple[float, ...]:
+        return (
+            time.perf_counter(),
+            self.awaited,
+            self.proxy_end.busy_s,
+            self.proxy.backend.timing()[1],
+            self.conn.late_own_s,
+            _run_queue_s(),
+        )
+
+    async def run(self) -> _Run:
         marks: list[tuple[float, ...]] = []
-        for _ in range(repeats):
-            await fn(gpu, **sizes, ready=lambda: marks.append(snapshot()))
-            end, start = snapshot(), marks[-1]
-            runs.append(_Run(*(e - s for e, s in zip(end, start, strict=True))))
-        return runs
+        await self.fn(self.gpu, **self.sizes, ready=lambda: marks.append(self._snapshot()))
+        end, start = self._snapshot(), marks[-1]
+        return _Run(*(e - s for e, s in zip(end, start, strict=True)))
 
 
 async def _local(
-    fn: Callable[..., Any], sizes: dict[str, Any], backend: str
+    fn: Callable[..., Any], sizes: dict[str, Any], backend: str, record: bool = True
 ) -> tuple[_Run, list[Any]]:
-    """One local run of ``fn``'s steps: (its time, its trace from the steps' start)."""
+    """One local run of ``fn``'s steps: (its time, its trace from the steps' start; without
+    ``record``, none: the baseline's time without the cost of recording it)."""
     from gpuremote.backends import get_backend
 
-    gpu = connect_local(get_backend(backend))
-    trace: list[Any] = gpu._session.trace  # type: ignore[attr-defined]
+    gpu = connect_local(get_backend(backend), record=record)
+    session: Any = gpu._session
+    trace: list[Any] = session.trace if session.trace is not None else []
     mark: list[tuple[float, int, float]] = []
     await fn(
         gpu,
@@ -491,6 +504,21 @@ def _per_trip(trace: list[Any], mode: Mode, bare: list[_Run]) -> float:
     return float(np.median(rests))
 
 
+def _quietest(*series: list[_Run], share: float = 0.02) -> int:
+    """The index ``i`` of the runs to report, where ``series`` are runs made in turn
+    (``a[i]``, ``b[i]``, ... one after the other): among the turns that lost at most
+    ``share`` of their time to other processes (else the least-disturbed third), the one
+    whose last run took the median time."""
+    runs = series[-1]
+    lost = [
+        sum(s[i].stolen for s in series) / sum(s[i].wall for s in series) for i in range(len(runs))
+    ]
+    order = sorted(range(len(runs)), key=lambda i: lost[i])
+    keep = [i for i in order if lost[i] <= share] or order[: max(1, len(order) // 3)]
+    keep.sort(key=lambda i: runs[i].wall)
+    return keep[(len(keep) - 1) // 2]  # the lower median
+
+
 def _median_run(runs: list[_Run]) -> _Run:
     """The run of the median time among the quiet ones (``_quiet``)."""
     quiet = sorted(_quiet(runs), key=lambda r: r.wall)
@@ -507,18 +535,25 @@ def _emu_url(base: str, rtt_us: float | None, bw_gbit: float | None) -> str:
 
 
 def _min_requirement(points: list[dict[str, Any]], mode: str, tol: float) -> dict[str, Any]:
-    """The largest RTT that is within ``tol`` at the grid's best bandwidth, and the smallest
-    bandwidth that is within it at the grid's best RTT (None: not within at any)."""
+    """The largest RTT up to which every RTT of the grid keeps the slowdown within ``tol``
+    at the grid's best bandwidth, and the smallest bandwidth from which every bandwidth does
+    at the grid's best RTT (None: not even the best one does)."""
     pts = [p for p in points if p["mode"] == mode]
     if not pts:
         return {"rtt_us": None, "bw_gbit": None}
     best_bw = max(p["bw_gbit"] for p in pts)
     best_rtt = min(p["rtt_us"] for p in pts)
-    ok = [p for p in pts if p["slowdown"] <= tol]
-    return {
-        "rtt_us": max((p["rtt_us"] for p in ok if p["bw_gbit"] == best_bw), default=None),
-        "bw_gbit": min((p["bw_gbit"] for p in ok if p["rtt_us"] == best_rtt), default=None),
-    }
+    rtt_ok: float | None = None
+    for p in sorted((p for p in pts if p["bw_gbit"] == best_bw), key=lambda p: p["rtt_us"]):
+        if p["slowdown"] > tol:
+            break
+        rtt_ok = p["rtt_us"]
+    bw_ok: float | None = None
+    for p in sorted((p for p in pts if p["rtt_us"] == best_rtt), key=lambda p: -p["bw_gbit"]):
+        if p["slowdown"] > tol:
+            break
+        bw_ok = p["bw_gbit"]
+    return {"rtt_us": rtt_ok, "bw_gbit": bw_ok}
 
 
 async def _run_emulated(
@@ -535,79 +570,79 @@ async def _run_emulated(
     proxy = Proxy(backend, inline_us=math.inf)  # one thread: every batch inline
     base = await proxy.start(f"inproc://{name}")
     out: list[dict[str, Any]] = []
-    total = len(cfg.workloads) * len(modes) * len(cfg.rtts_us) * (len(cfg.bws_gbit) + 1)
-    total += len(cfg.workloads) * len(modes)
+    total = len(cfg.workloads) * len(modes) * len(cfg.rtts_us) * len(cfg.bws_gbit)
     done = 0
     t_start = time.perf_counter()
     try:
         for wname in cfg.workloads:
             fn, wsizes = WORKLOADS[wname], sizes[wname]
-            local_runs: list[_Run] = []
+            recorded: list[_Run] = []
             traces: dict[int, list[Any]] = {}
             for i in range(cfg.repeats + 1):  # the first run warms caches up, uncounted
                 lr, tr = await _local(fn, wsizes, backend)
                 if i:
-                    local_runs.append(lr)
+                    recorded.append(lr)
                     traces[id(lr)] = tr
             # the trace of the median quiet run: the model's calls, gaps and device times
-            trace = traces[id(_median_run(local_runs))]
+            trace = traces[id(_median_run(recorded))]
             local_model_s = local_seconds_of(trace)
+            local_runs: list[_Run] = []  # the baseline's runs, not recorded
             bare_url = _emu_url(base, None, None)
-            raw: dict[str, list[tuple[float, float, list[_Run]]]] = {m.name: [] for m in modes}
-            # the bare link's runs at each row's start and end (A B A B): a row's points are
-            # predicted with the round trip's rest from the bare runs on either side of it,
-            # so that the machine's drift (other jobs on shared CPUs) hits both alike
-            bare: dict[str, list[list[_Run]]] = {m.name: [] for m in modes}
-
-            rows: list[float | None] = [None, *cfg.rtts_us]  # None: bare runs before row 1
-            for rtt in rows:
-                for mode in modes if rtt is not None else ():
+            # per point, its runs alternate with runs over the bare link (A B A B), whose
+            # rest of a round trip the point's prediction uses: drift (other jobs on shared
+            # CPUs) then hits both alike
+            raw: dict[str, list[tuple[float, float, list[_Run], list[_Run], list[_Run]]]] = {
+                m.name: [] for m in modes
+            }
+            for rtt in cfg.rtts_us:
+                for mode in modes:
                     for bw in cfg.bws_gbit:
-                        assert rtt is not None
                         url = _emu_url(base, rtt, bw)
-                        runs = await _runs(url, mode, fn, wsizes, cfg.repeats, proxy, name)
-                        raw[mode.name].append((rtt, bw, runs))
+                        runs, bare, local = [], [], []
+                        async with (  # entered in turn: each finds its own proxy end
+                            _Link(bare_url, mode, fn, wsizes, proxy, name) as a,
+                            _Link(url, mode, fn, wsizes, proxy, name) as b,
+                        ):
+                            for _ in range(cfg.repeats):  # local, bare, point; again
+                                lr, _ = await _local(fn, wsizes, backend, record=False)
+                                local.append(lr)
+                                bare.append(await a.run())
+                                runs.append(await b.run())
+                        raw[mode.name].append((rtt, bw, runs, bare, local))
+                        local_runs += local
                         done += 1
                         report({"workload": wname, "done": done, "total": total})
-                for mode in modes:
-                    bare[mode.name].append(
-                        await _runs(bare_url, mode, fn, wsizes, cfg.repeats, proxy, name)
-                    )
-                    done += 1
-                if rtt is not None:
-                    local_runs.append((await _local(fn, wsizes, backend))[0])
             local_s = _median_run(local_runs).wall
             points: list[dict[str, Any]] = []
             costs_by_mode: dict[str, dict[str, Any]] = {}
             for mode in modes:
-                bare_rows = bare[mode.name]
-                every = [r for row in bare_rows for r in row]
+                every = [r for *_, bare, _ in raw[mode.name] for r in bare]
                 per_trip_all = _per_trip(trace, mode, every)
                 mid = _median_run(every)
                 _, bare_costs, scaled = _predicted(trace, mode, mid, per_trip_all, 0.0, None)
                 ncalls = max(1, _remote_calls(trace, mode.optimized)[0])
-                row_trips = [
-                    _per_trip(trace, mode, bare_rows[i] + bare_rows[i + 1])
-                    for i in range(len(bare_rows) - 1)
-                ]
                 costs_by_mode[mode.name] = {
                     "client_per_call_us": sum(t.gap_s for t in scaled) / ncalls * 1e6,
                     "proxy_per_call_us": bare_costs.proxy_per_call * 1e6,
                     "per_trip_us": per_trip_all * 1e6,
-                    "per_trip_by_row_us": [x * 1e6 for x in row_trips],
                     "bare_link_s": mid.wall,
                     "bare_runs": len(every),
                 }
-                for k, (rtt, bw, runs) in enumerate(raw[mode.name]):
-                    per_trip = row_trips[k // len(cfg.bws_gbit)]
-                    r = _median_run(runs)  # the run of the median time, and its costs
+                for rtt, bw, runs, bare, local in raw[mode.name]:
+                    # the triple (a local run, a bare run, the point's run, one after the
+                    # other) that other processes disturbed least; among equals, the one of
+                    # the median time; the slowdown is against the local runs' median (their
+                    # turns spread over the whole sweep)
+                    i = _quietest(local, bare, runs)
+                    r = runs[i]
+                    per_trip = _per_trip(trace, mode, [bare[i]])
                     predicted, costs, scaled = _predicted(trace, mode, r, per_trip, rtt, bw)
                     ideal = predict(
                         trace, rtt * 1e-6, bw * 1e9, optimized=mode.optimized, batched=True
                     ).seconds
                     err = predicted / r.wall - 1
                     emu_error = r.late / r.wall
-                    stolen = r.stolen / r.wall
+                    stolen = (r.stolen + bare[i].stolen) / r.wall
                     points.append(
                         {
                             "rtt_us": rtt,
@@ -626,6 +661,8 @@ async def _run_emulated(
                             "client_per_call_us": sum(t.gap_s for t in scaled) / ncalls * 1e6,
                             "proxy_per_call_us": costs.proxy_per_call * 1e6,
                             "runs_s": [x.wall for x in runs],
+                            "bare_runs_s": [x.wall for x in bare],
+                            "per_trip_us": per_trip * 1e6,
                         }
                     )
             steps = int(wsizes["steps"])
@@ -643,6 +680,16 @@ async def _run_emulated(
                     "points": points,
                     "min_requirement": {
                         m.name: _min_requirement(points, m.name, cfg.tolerance) for m in modes
+                    },
+                    # the model's answer with the software's costs as measured at each point
+                    # (steadier than the measured one where other jobs disturb runs)
+                    "min_requirement_model": {
+                        m.name: _min_requirement(
+                            [{**p, "slowdown": p["predicted_slowdown"]} for p in points],
+                            m.name,
+                            cfg.tolerance,
+                        )
+                        for m in modes
                     },
                     # the model's answer were the client's and proxy's software free: the
                     # network's share of the requirement (the local run's gaps and host time)

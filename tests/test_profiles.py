@@ -226,6 +226,7 @@ def test_bench_requirements_over_emu_inproc_json(tmp_path: Path, cli: Cli) -> No
     r = json.loads(out.stdout)
     assert r["device"] == "sim:a100,compute=0" and r["transport"] == "emu+inproc"
     assert r["modes"] == ["unoptimized", "optimized"]
+    assert "issue 32" in r["modes_skipped"]["replay"]  # declared, not run yet
     (w,) = r["workloads"]
     assert {(p["rtt_us"], p["bw_gbit"], p["mode"]) for p in w["points"]} == {
         (rtt, 100, m) for rtt in (5, 50) for m in ("unoptimized", "optimized")
@@ -244,3 +245,33 @@ def test_replay_mode_is_declared_but_not_run_yet() -> None:
     from gpuremote.bench.requirements import MODES
 
     assert MODES["replay"].unavailable and not MODES["optimized"].unavailable
+
+
+def test_min_requirement_is_the_contiguous_edge_of_the_grid() -> None:
+    from gpuremote.bench.requirements import _min_requirement
+
+    def pt(rtt: float, bw: float, slowdown: float) -> dict[str, object]:
+        return {"rtt_us": rtt, "bw_gbit": bw, "mode": "optimized", "slowdown": slowdown}
+
+    points = [
+        pt(1, 200, 0.01),
+        pt(5, 200, 0.03),
+        pt(20, 200, 0.09),
+        pt(40, 200, 0.02),  # within again after a miss: noise, not a requirement
+        pt(1, 10, 0.20),
+        pt(1, 100, 0.04),
+    ]
+    assert _min_requirement(points, "optimized", 0.05) == {"rtt_us": 5, "bw_gbit": 100}
+    assert _min_requirement(points, "optimized", 0.001) == {"rtt_us": None, "bw_gbit": None}
+    assert _min_requirement(points, "replay", 0.05) == {"rtt_us": None, "bw_gbit": None}
+
+
+def test_the_least_disturbed_turn_is_reported() -> None:
+    from gpuremote.bench.requirements import _quietest, _Run
+
+    def run(wall: float, stolen: float) -> _Run:
+        return _Run(wall, 0.0, 0.0, 0.0, 0.0, stolen)
+
+    bare = [run(1.0, 0.5), run(1.0, 0.0), run(1.0, 0.0), run(1.0, 0.0)]
+    point = [run(1.0, 0.0), run(3.0, 0.0), run(2.0, 0.0), run(9.0, 0.3)]
+    assert _quietest(bare, point) == 2  # quiet turns 1 and 2 (3.0, 2.0 s): the median one

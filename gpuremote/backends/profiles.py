@@ -181,7 +181,10 @@ def op_work(
         k = ins[0][0][-1]
         if name == "tensordot":
             axes = params.get("axes", 2)
-            k = _n(ins[0][0][-axes:]) if isinstance(axes, int) else _n(ins[0][0]) // max(1, n_out)
+            if isinstance(axes, int):
+                k = _n(ins[0][0][-axes:]) if axes > 0 else 1  # axes=0: an outer product
+            else:
+                k = max(1, _n(ins[0][0]) * _n(ins[1][0]) // max(1, n_out)) ** 0.5
         return 2.0 * max(1, n_out) * k, nbytes
     if name in _CUBIC and ins and len(ins[0][0]) >= 2:
         shape = ins[0][0]
