@@ -17,12 +17,14 @@ and the proxy still each cost what they cost (the client waits while the proxy w
 does across two machines: gpuremote's pipeline sends when the client next waits). The costs
 the model is given (client per call, proxy per call, the rest of a round trip) are measured
 per workload and mode on the bare link (no RTT, no bandwidth limit), which is not a grid
-point: every grid point is a prediction. The modes are a table (``MODES``): ``replay``
-(captured steps, issue 32) slots in there as one more entry.
+point: every grid point is a prediction. The modes are a table (``MODES``): the optimisations
+off, on, and ``replay`` (each step captured once and replayed by one message; its model is
+given the trace of a captured local run, one ``step_replay`` per step).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -65,18 +67,25 @@ class Mode:
     connect: dict[str, Any]  # keyword arguments of gpuremote.connect
     optimized: bool  # the model's switch
     unavailable: str | None = None  # why this mode cannot run yet (None: it can)
+    run: tuple[tuple[str, Any], ...] = ()  # keyword arguments of the workload
+
+    def workload(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` as this mode runs it (its local baseline stays plain ``fn``)."""
+        return functools.partial(fn, **dict(self.run)) if self.run else fn
 
 
-#: the sweep's modes; ``replay`` runs a workload's step as a captured recording, once the
-#: client can capture steps (issue 32): its entry then gets the connect/run switch and loses
-#: ``unavailable``
+#: the sweep's modes: the optimisations off, on, and on with each step captured once and
+#: replayed by one message (``GPU.capture``)
 MODES: dict[str, Mode] = {
     "unoptimized": Mode(
         "unoptimized", {"async_calls": False, "batching": False, "shadow": False}, False
     ),
     "optimized": Mode("optimized", {"async_calls": True, "batching": True, "shadow": True}, True),
     "replay": Mode(
-        "replay", {}, True, unavailable="needs captured steps (issue 32), not built yet"
+        "replay",
+        {"async_calls": True, "batching": True, "shadow": True},
+        True,
+        run=(("capture", True),),
     ),
 }
 
@@ -586,6 +595,20 @@ async def _run_emulated(
             # the trace of the median quiet run: the model's calls, gaps and device times
             trace = traces[id(_median_run(recorded))]
             local_model_s = local_seconds_of(trace)
+            # a mode that runs the workload otherwise (captured steps) has a trace of its own
+            trace_of: dict[str, list[Any]] = {}
+            for mode in modes:
+                if not mode.run:
+                    trace_of[mode.name] = trace
+                    continue
+                mruns: list[_Run] = []
+                mtraces: dict[int, list[Any]] = {}
+                for i in range(cfg.repeats + 1):
+                    lr, tr = await _local(mode.workload(fn), wsizes, backend)
+                    if i:
+                        mruns.append(lr)
+                        mtraces[id(lr)] = tr
+                trace_of[mode.name] = mtraces[id(_median_run(mruns))]
             local_runs: list[_Run] = []  # the baseline's runs, not recorded
             bare_url = _emu_url(base, None, None)
             # per point, its runs alternate with runs over the bare link (A B A B), whose
@@ -599,9 +622,10 @@ async def _run_emulated(
                     for bw in cfg.bws_gbit:
                         url = _emu_url(base, rtt, bw)
                         runs, bare, local = [], [], []
+                        mfn = mode.workload(fn)
                         async with (  # entered in turn: each finds its own proxy end
-                            _Link(bare_url, mode, fn, wsizes, proxy, name) as a,
-                            _Link(url, mode, fn, wsizes, proxy, name) as b,
+                            _Link(bare_url, mode, mfn, wsizes, proxy, name) as a,
+                            _Link(url, mode, mfn, wsizes, proxy, name) as b,
                         ):
                             for _ in range(cfg.repeats):  # local, bare, point; again
                                 lr, _ = await _local(fn, wsizes, backend, record=False)
@@ -616,6 +640,8 @@ async def _run_emulated(
             points: list[dict[str, Any]] = []
             costs_by_mode: dict[str, dict[str, Any]] = {}
             for mode in modes:
+                trace = trace_of[mode.name]
+                mode_local_model_s = local_seconds_of(trace)
                 every = [r for *_, bare, _ in raw[mode.name] for r in bare]
                 per_trip_all = _per_trip(trace, mode, every)
                 mid = _median_run(every)
@@ -657,7 +683,7 @@ async def _run_emulated(
                             "within": abs(err) <= max(cfg.tolerance, emu_error + stolen),
                             "slowdown": r.wall / local_s - 1,
                             "predicted_slowdown": predicted / local_s - 1,
-                            "network_only_slowdown": ideal / local_model_s - 1,
+                            "network_only_slowdown": ideal / mode_local_model_s - 1,
                             "client_per_call_us": sum(t.gap_s for t in scaled) / ncalls * 1e6,
                             "proxy_per_call_us": costs.proxy_per_call * 1e6,
                             "runs_s": [x.wall for x in runs],
@@ -666,6 +692,7 @@ async def _run_emulated(
                         }
                     )
             steps = int(wsizes["steps"])
+            trace = trace_of.get("optimized", trace)
             _, trips, _, _ = _remote_calls(trace, True)
             out.append(
                 {
@@ -676,6 +703,8 @@ async def _run_emulated(
                     "local_model_s": local_model_s,
                     "device_s": sum(t.kernel_s for t in trace),
                     "calls": len(trace),
+                    # calls the device is sent per step, by mode (a replayed step: one)
+                    "calls_per_step": {m.name: len(trace_of[m.name]) / steps for m in modes},
                     "costs": costs_by_mode,
                     "points": points,
                     "min_requirement": {

@@ -7,7 +7,8 @@
 - ``upload``: a large input batch uploaded every step and reduced; bandwidth-bound.
 
 Each returns a small array to compare runs with; sizes are keyword arguments, with defaults
-that take on the order of a second locally on a 2-core CPU. ``ready``, if given, is called
+that take on the order of a second locally on a 2-core CPU. ``capture=True`` records each
+workload's step once and replays it by one message (``GPU.capture``). ``ready``, if given, is called
 once the workload's data and weights are on the device (after a synchronize), before its
 steps: a bench times the steps from there, leaving the setup out.
 """
@@ -36,9 +37,10 @@ async def mlp(
     hidden: int = 256,
     dout: int = 16,
     ready: Ready = None,
+    capture: bool = False,
 ) -> np.ndarray:
     data = mlp_data(batch=batch, din=din, hidden=hidden, dout=dout)
-    result = await train_remote(gpu, data, steps, ready=ready)
+    result = await train_remote(gpu, data, steps, ready=ready, capture=capture)
     return np.asarray(result.losses)
 
 
@@ -91,8 +93,9 @@ async def transformer(
     d_model: int = 128,
     heads: int = 4,
     ready: Ready = None,
+    capture: bool = False,
 ) -> np.ndarray:
-    step = transformer_block(gpu, seq, d_model, heads)
+    step = transformer_block(gpu, seq, d_model, heads, capture=capture)
     if ready is not None:
         await gpu.synchronize()
         ready()
@@ -100,11 +103,21 @@ async def transformer(
 
 
 async def upload(
-    gpu: GPU, steps: int = 20, batch_mb: float = 8.0, features: int = 256, ready: Ready = None
+    gpu: GPU,
+    steps: int = 20,
+    batch_mb: float = 8.0,
+    features: int = 256,
+    ready: Ready = None,
+    capture: bool = False,
 ) -> np.ndarray:
     rng = np.random.default_rng(0)
     rows = max(1, int(batch_mb * 2**20 / (4 * features)))
     w = gpu.asarray((rng.standard_normal((features, 1)) / features).astype(np.float32))
+
+    def reduce(xb: RemoteArray) -> RemoteArray:
+        return gpu.mean(gpu.matmul(xb, w))
+
+    run = gpu.capture(reduce) if capture else reduce  # the upload itself is host data
     if ready is not None:
         await gpu.synchronize()
         ready()
@@ -112,7 +125,7 @@ async def upload(
     for i in range(steps):
         host = np.full((rows, features), 1.0 + i / steps, np.float32)  # a new batch each step
         xb = gpu.asarray(host)
-        outs.append(float(await gpu.mean(gpu.matmul(xb, w)).get()))
+        outs.append(float(await run(xb).get()))
     return np.asarray(outs)
 
 

@@ -225,26 +225,31 @@ def test_bench_requirements_over_emu_inproc_json(tmp_path: Path, cli: Cli) -> No
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)
     assert r["device"] == "sim:a100,compute=0" and r["transport"] == "emu+inproc"
-    assert r["modes"] == ["unoptimized", "optimized"]
-    assert "issue 32" in r["modes_skipped"]["replay"]  # declared, not run yet
+    modes = ["unoptimized", "optimized", "replay"]
+    assert r["modes"] == modes and not r["modes_skipped"]
     (w,) = r["workloads"]
     assert {(p["rtt_us"], p["bw_gbit"], p["mode"]) for p in w["points"]} == {
-        (rtt, 100, m) for rtt in (5, 50) for m in ("unoptimized", "optimized")
+        (rtt, 100, m) for rtt in (5, 50) for m in modes
     }
+    calls = w["calls_per_step"]  # a replayed step: one call and its read
+    assert calls["replay"] < calls["optimized"] == calls["unoptimized"]  # (the first records)
     for p in w["points"]:
         assert p["measured_s"] > 0 and p["predicted_s"] > 0
         assert p["model_error"] == pytest.approx(p["predicted_s"] / p["measured_s"] - 1)
         assert p["slowdown"] == pytest.approx(p["measured_s"] / w["local_s"] - 1)
         assert p["emulator_error"] >= 0 and p["cpu_stolen"] >= 0
-    assert set(w["min_requirement"]) == {"unoptimized", "optimized"}
+    assert set(w["min_requirement"]) == set(modes)
     assert set(w["min_requirement"]["optimized"]) == {"rtt_us", "bw_gbit"}
     assert w["device_s"] > 0  # the simulated A100's time of the steps
 
 
-def test_replay_mode_is_declared_but_not_run_yet() -> None:
+def test_the_replay_mode_runs_workloads_captured() -> None:
     from gpuremote.bench.requirements import MODES
 
-    assert MODES["replay"].unavailable and not MODES["optimized"].unavailable
+    assert not any(m.unavailable for m in MODES.values())
+    run = MODES["replay"].workload(lambda gpu, **kw: kw)
+    assert run(None, steps=2) == {"steps": 2, "capture": True}
+    assert MODES["optimized"].workload(len) is len
 
 
 def test_min_requirement_is_the_contiguous_edge_of_the_grid() -> None:
