@@ -53,6 +53,7 @@ __all__ = [
     "Call",
     "Core",
     "HostCopies",
+    "collect_writes",
     "dtype_name",
     "fill_param",
     "infer",
@@ -105,6 +106,8 @@ class Buffer:
         """The buffer is written (by the device, or by an upload): the host copy is stale."""
         self.host = None
         self.writes += 1
+        if _written is not None:  # a step is being captured: it writes this buffer
+            _written.add(self)
 
     def detach(self) -> bool:
         """Mark the buffer freed by its owner (no release when it goes); False if it was."""
@@ -118,6 +121,16 @@ class Buffer:
         if not self.freed:  # at interpreter exit, or with the session gone, nothing to free
             with contextlib.suppress(Exception):
                 self.release(self.handle, self.nbytes)
+
+
+_written: set[Buffer] | None = None  # the buffers written while a step is captured
+
+
+def collect_writes(into: set[Buffer] | None) -> None:
+    """While a step is captured (``gpuremote.capture``), add every buffer written to
+    ``into``; ``None``: stop."""
+    global _written
+    _written = into
 
 
 class ArrayMetadata:

@@ -24,13 +24,15 @@ the proxy runs the recorded calls without decoding or checking them again
 from __future__ import annotations
 
 import os
+import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .arraycore import ArrayRef, Buffer, Core
+from .arraycore import ArrayRef, Buffer, Core, collect_writes
 from .calls import CALLS_BY_NAME, CallSpec
+from .protocol import MAX_LIST
 from .recording import Recording
 
 __all__ = ["Step"]
@@ -42,6 +44,9 @@ _RECORD, _REPLAY, _FREE_STEP = (
 )
 _FREE = CALLS_BY_NAME["free"]
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
+#: signatures a step keeps recorded; the oldest goes (on the proxy too) past this
+MAX_SIGNATURES = 64
+_RECORDING = threading.RLock()  # one recording at a time in this process
 
 
 @dataclass(slots=True)
@@ -54,6 +59,9 @@ class _Recorded:
     #: index), ("k", the array itself); ``single``: fn returned one array; ``kind``: the type
     outputs: list[tuple[Any, ...]]
     kind: type | None
+    #: buffers the step writes that it does not make (arguments, arrays it closes over):
+    #: their host copies are stale after each replay; held, so that they stay alive
+    written: list[Buffer]
 
 
 def user_line() -> str:
@@ -106,7 +114,8 @@ class Step:
         stream = self._stream()
         key = self._signature(args, static, stream)
         if key not in self._recorded:
-            return self._record(key, args, static, stream)
+            with _RECORDING:  # one recording at a time: it hooks its session's calls
+                return self._record(key, args, static, stream)
         recorded = self._recorded[key]
         if recorded is None:  # needs data: runs uncaptured
             return self._fn(*args, **static)
@@ -115,14 +124,17 @@ class Step:
     # -- signature -------------------------------------------------------------------------
     def _signature(self, args: tuple[Any, ...], static: dict[str, Any], stream: int) -> Any:
         parts: list[Any] = [stream]
-        for a in args:
+        seen: dict[int, int] = {}  # buffer -> its first argument's index: aliasing counts
+        for i, a in enumerate(args):
             if isinstance(a, ArrayRef):
                 if a._core is not self._core:
                     raise ValueError("a captured step's arrays must be on its device")
-                parts.append((a.shape, a._dtype))
+                k = seen.setdefault(id(a._buf), i)
+                alias = None if k == i else (k, a.offset - args[k].offset)
+                parts.append((a.shape, a._dtype, alias))
             else:
                 parts.append(("static", type(a), a))
-        parts.extend(sorted(static.items()))
+        parts.extend((k, type(v), v) for k, v in sorted(static.items()))
         key = tuple(parts)
         try:
             hash(key)
@@ -135,22 +147,26 @@ class Step:
     # -- recording -------------------------------------------------------------------------
     def _record(self, key: Any, args: tuple[Any, ...], static: dict[str, Any], stream: int) -> Any:
         core, session = self._core, self._core.session
-        rec = Recording(self.fallback, user_line)
+        rec = Recording(self.fallback, user_line, threading.get_ident())
         post = core.post
 
         def recording_post(
             spec: CallSpec, stream: int, a: list[Any], buffer: memoryview | None
         ) -> None:
-            if spec is not _FREE:  # frees of arrays that fn drops are not part of the step
+            # frees of arrays that fn drops are not part of the step, nor other threads' calls
+            if spec is not _FREE and threading.get_ident() == rec.thread:
                 rec.add(spec, stream, a, buffer)
             post(spec, stream, a, buffer)
 
+        written: set[Buffer] = set()
         core.post = recording_post
         core.recording = rec
         session.recording = rec  # type: ignore[attr-defined]  # what waits is refused
+        collect_writes(written)
         try:
             out = self._fn(*args, **static)
         finally:
+            collect_writes(None)
             core.post = post
             core.recording = None
             session.recording = None  # type: ignore[attr-defined]
@@ -159,10 +175,20 @@ class Step:
             return out
         arrays = [a for a in args if isinstance(a, ArrayRef)]
         outputs, buffers = self._outputs(out, arrays, rec)
+        if len(arrays) > MAX_LIST or len(buffers) > MAX_LIST:
+            raise ValueError(
+                f"a captured step takes and makes at most {MAX_LIST} arrays; this one takes "
+                f"{len(arrays)} and makes {len(buffers)}"
+            )
+        if len(self._recorded) >= MAX_SIGNATURES:  # the oldest signature's recording goes
+            old = self._recorded.pop(next(iter(self._recorded)))
+            if old is not None:
+                core.post(_FREE_STEP, 0, [old.handle], None)
         handle = core.new_handle()
         program = rec.program([a._desc() for a in arrays], [h for h, _ in buffers])
         core.post(_RECORD, stream, [handle, program], None)
-        self._recorded[key] = _Recorded(handle, buffers, outputs, type(out))
+        mine = [b for b in written if b.handle not in rec.created]
+        self._recorded[key] = _Recorded(handle, buffers, outputs, type(out), mine)
         return out
 
     @staticmethod
@@ -191,8 +217,13 @@ class Step:
                     buffers.append((h, o._buf.nbytes))
                 outputs.append(("r", index[h], o.shape, o._dtype, o.offset))
                 continue
-            k = next((i for i, a in enumerate(arrays) if a is o), None)
-            outputs.append(("a", k) if k is not None else ("k", o))
+            k = next((i for i, a in enumerate(arrays) if a._buf is o._buf), None)
+            if k is None:  # the session's own array: the same one each time
+                outputs.append(("k", o))
+            elif arrays[k] is o:
+                outputs.append(("a", k))
+            else:  # a view of an argument: the same view of the replay's argument
+                outputs.append(("v", k, o.shape, o._dtype, o.offset - arrays[k].offset))
         return outputs, buffers
 
     # -- replaying -------------------------------------------------------------------------
@@ -209,6 +240,8 @@ class Step:
             raise
         for a in arrays:  # the step may write its arguments (in-place updates)
             a._buf.invalidate()
+        for b in recorded.written:  # and arrays it closes over
+            b.invalidate()
         self.replays += 1
         outs = []
         for o in recorded.outputs:
@@ -217,6 +250,10 @@ class Step:
                 outs.append(core.make(core, bufs[i], shape, dt, offset))
             elif o[0] == "a":
                 outs.append(arrays[o[1]])
+            elif o[0] == "v":
+                _, k, shape, dt, delta = o
+                a = arrays[k]
+                outs.append(core.make(core, a._buf, shape, dt, a.offset + delta))
             else:
                 outs.append(o[1])
         if recorded.kind is None or recorded.kind is type(None):

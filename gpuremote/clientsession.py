@@ -458,11 +458,24 @@ class ClientSession:
         # buffers (if any) are that command's
         for cmd in self._queue:
             fut = self._pending.get(cmd[0])
+            awaited = fut is not None  # a SYNC call or an ack: its caller waits for it
             if fut is None:
                 fut = self._pending[cmd[0]] = self._loop.create_future()
             bufs = self._qbufs if len(self._queue) == 1 else []
             arrays = self._arrays if len(self._queue) == 1 else []
-            frame = _encode_request([cmd], bufs, arrays, self.counters.calls["local"])
+            try:
+                frame = _encode_request([cmd], bufs, arrays, self.counters.calls["local"])
+            except (OverflowError, TypeError, ValueError) as exc:  # this call fails alone
+                del self._pending[cmd[0]]
+                err = LocalProtocolError(
+                    f"call #{cmd[0]} {CALLS_BY_OPCODE[cmd[1]].name} was not sent: an argument "
+                    f"cannot be encoded ({type(exc).__name__}: {exc})"
+                )
+                if awaited:
+                    fut.set_exception(err)
+                else:  # raised at the next synchronising call
+                    self._unsent.append(err)
+                continue
             self._serial.append((frame, fut))
         self._reset_batch()
         if self._serial_task is None or self._serial_task.done():

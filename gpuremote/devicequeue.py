@@ -17,6 +17,7 @@ import math
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from .protocol import ArrayDesc, BadCommandAt, Command, Reply
 
@@ -44,17 +45,28 @@ def _elements(descs: Sequence[ArrayDesc]) -> int:
     return n
 
 
-def estimate_ns(commands: Sequence[Command | BadCommandAt], queues_work: bool) -> float:
+def estimate_ns(
+    commands: Sequence[Any],
+    queues_work: bool,
+    step_ns: Callable[[int], float] | None = None,
+) -> float:
     """A rough upper estimate of how long ``commands`` keep the calling thread busy:
-    infinite for a call that waits for a device that queues work (``queues_work``)."""
+    infinite for a call that waits for a device that queues work (``queues_work``). A
+    replayed step costs what its calls do (``step_ns(handle)``; unknown: infinite)."""
     total = 0.0
     for c in commands:
         total += _PER_COMMAND_NS
-        if type(c) is not Command:
+        if type(c) is BadCommandAt:
             continue
         name = c.spec.name
         if name in _WORKER_ONLY:
             return math.inf
+        if name == "step_replay":
+            total += math.inf if step_ns is None else step_ns(c.args[0])
+            continue
+        if name == "step_record":  # checked once, each call as a batch's is
+            total += 2 * _PER_COMMAND_NS * len(c.args[1].commands)
+            continue
         if queues_work:
             if name in _WAITS:
                 return math.inf
@@ -96,12 +108,14 @@ class DeviceQueue:
         *,
         queues_work: bool = False,
         inline_us: float = 1000.0,
+        step_ns: Callable[[int], float] | None = None,
     ) -> None:
         self._loop = asyncio.get_running_loop()
         self._run = run
         self._pool = pool
         self._deliver = deliver
         self._queues_work = queues_work
+        self._step_ns = step_ns  # a recorded step's estimate, by handle
         self._inline_ns = inline_us * 1e3
         self._lock = threading.Lock()
         self._waiting: deque[Batch] = deque()  # not yet started; the worker takes from it
@@ -114,7 +128,7 @@ class DeviceQueue:
 
     def estimate(self, commands: Sequence[Command | BadCommandAt]) -> float:
         """``estimate_ns`` of ``commands`` on this queue's backend."""
-        return estimate_ns(commands, self._queues_work)
+        return estimate_ns(commands, self._queues_work, self._step_ns)
 
     def submit(
         self,
@@ -127,7 +141,7 @@ class DeviceQueue:
         if self._closed:
             return
         if cost_ns is None:
-            cost_ns = estimate_ns(commands, self._queues_work)
+            cost_ns = estimate_ns(commands, self._queues_work, self._step_ns)
         if self.in_flight == 0 and cost_ns <= self._inline_ns:
             self._deliver(self._run(commands, buffers))
             return

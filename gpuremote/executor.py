@@ -72,6 +72,8 @@ _MANAGEMENT = frozenset(
         "hello",
         "stats",
         "ping",
+        "step_record",
+        "step_free",
     }
 )
 
@@ -202,6 +204,9 @@ class Executor:
                 if spec.name == "launch_new":  # skip the work, but make the buffers it names
                     with contextlib.suppress(CallFailed):
                         self._alloc_outputs(cmd.args[2])
+                elif spec.name == "peer_import" and self.peers is not None:
+                    with contextlib.suppress(Exception):  # its fetched data is let go
+                        self.peers.take(cmd.args[1], cmd.args[2])
                 elif spec.name == "step_replay":  # likewise for a step's results
                     with contextlib.suppress(CallFailed, StepError):
                         self._make_results(cmd.args[0], cmd.args[2])
@@ -712,8 +717,8 @@ class Executor:
     def _cmd_peer_import(self, ctx: _Ctx, dst: ArrayDesc, url: str, ticket: str) -> int:
         if self.peers is None:
             raise PeerUnreachable("this proxy makes no connections to other proxies")
+        data = self.peers.take(url, ticket)  # fetched already (taken first: never left)
         view = self._resolve(dst)
-        data = self.peers.take(url, ticket)  # fetched already; raises what the read met
         if data.nbytes != dst.nbytes:
             raise CallFailed(f"the ticket holds {data.nbytes} bytes; the array has {dst.nbytes}")
         host = np.frombuffer(data, dtype=np.uint8).view(dst.dtype).reshape(dst.shape)
@@ -765,7 +770,12 @@ class Executor:
         self, ctx: _Ctx, handle: int, args: tuple[ArrayDesc, ...], results: tuple[int, ...]
     ) -> None:
         step = self._step(handle)
-        binds = step.bind(args, results)
+        try:
+            binds = step.bind(args, results)
+        except StepError:
+            with contextlib.suppress(CallFailed):  # its results exist, as after a skip
+                self._make_results(handle, results)
+            raise
         buffers, streams, resolve, backend = self.buffers, self.streams, self._resolve, self.backend
         dispatch = self._dispatch
         # a device that queues work takes consecutive launches on a stream in one submission
@@ -774,8 +784,9 @@ class Executor:
 
         def submit() -> None:
             if queued:
-                backend.run_ops(queued, on)
-                queued.clear()
+                runs = queued.copy()
+                queued.clear()  # taken: never run twice
+                backend.run_ops(runs, on)
 
         try:
             for i, call in enumerate(step.calls):

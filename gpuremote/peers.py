@@ -156,7 +156,8 @@ class PeerLinks:
         self._connect = connect
         self.timeout_s = timeout_s
         self.idle_s = idle_s
-        self._allowed: frozenset[str] = frozenset(peer_key(u) for u in allowed)
+        self._urls: dict[str, str] = {peer_key(u): u for u in allowed}  # as given: options too
+        self._allowed: frozenset[str] = frozenset(self._urls)
         self._links: dict[str, ClientSession] = {}
         self._used: dict[str, float] = {}  # link -> when it was last used
         self._busy: dict[str, int] = {}  # link -> reads under way
@@ -173,7 +174,8 @@ class PeerLinks:
     def allow(self, urls: Iterable[str]) -> None:
         """Make ``urls`` this proxy's peers (replacing the previous ones); links to proxies
         no longer among them are closed."""
-        self._allowed = frozenset(peer_key(u) for u in urls)
+        self._urls = {peer_key(u): u for u in urls}
+        self._allowed = frozenset(self._urls)
         for key in [k for k in self._links if k not in self._allowed]:
             self._drop(key)
 
@@ -225,14 +227,15 @@ class PeerLinks:
         fut: asyncio.Future[ClientSession] = self._loop.create_future()
         self._opening[key] = fut
         try:
-            link = await self._open(key)
+            link = await self._open(self._urls.get(key, key))
         except Exception as exc:
             err = PeerUnreachable(f"cannot reach the proxy at {key}: {exc}")
             fut.set_exception(err)
             fut.exception()  # retrieved: waiters get it through shield
             raise err from None
-        except BaseException:
-            fut.cancel()
+        except BaseException:  # cancelled: the sessions waiting for this link are told
+            fut.set_exception(PeerUnreachable(f"opening the link to {key} was cancelled"))
+            fut.exception()
             raise
         finally:
             self._opening.pop(key, None)
@@ -306,9 +309,13 @@ class PeerImports:
         results = await asyncio.gather(
             *(self._links.read(url, ticket) for _, url, ticket in reads), return_exceptions=True
         )
-        for (_, _, ticket), result in zip(reads, results, strict=True):
+        for (dst, _, ticket), result in zip(reads, results, strict=True):
             if isinstance(result, asyncio.CancelledError):
                 raise result
+            if isinstance(result, memoryview) and result.nbytes != dst.nbytes:
+                result = PeerUnreachable(  # not kept: nothing of the wrong size waits here
+                    f"the ticket holds {result.nbytes} bytes; the array has {dst.nbytes}"
+                )
             self._ready[ticket] = result
 
     def take(self, url: str, ticket: str) -> memoryview:

@@ -14,6 +14,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import math
 import time
 import types
 from collections import deque
@@ -22,7 +23,7 @@ from typing import Any
 
 from .auth import new_nonce, verify
 from .deadlines import Deadlines
-from .devicequeue import DeviceQueue, Result
+from .devicequeue import DeviceQueue, Result, estimate_ns
 from .errors import ConnectionClosed, GpuRemoteError, LimitExceeded, ProtocolError
 from .executor import Executor
 from .framing import Frame, FrameLimits
@@ -148,8 +149,18 @@ class ProxySession:
                 self.deliver,
                 queues_work=executor.backend.queues_work,
                 inline_us=self._inline_us,
+                step_ns=self._step_ns,
             )
         return self._queue
+
+    def _step_ns(self, handle: int) -> float:
+        """A recorded step's estimated cost, once per step (unknown yet: infinite)."""
+        step = self.executor.steps.get(handle)
+        if step is None:
+            return math.inf
+        if step.cost_ns is None:
+            step.cost_ns = estimate_ns(step.calls, self.executor.backend.queues_work)
+        return step.cost_ns
 
     # -- serving ---------------------------------------------------------------------------
     async def run(self) -> str:

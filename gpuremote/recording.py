@@ -8,6 +8,7 @@ still run as usual: the first call of a captured step records and runs.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -25,11 +26,14 @@ class Recording:
     cannot hold ends the recording (``abandoned``) instead of raising ``CaptureError``;
     ``where()`` names the user's line in an error."""
 
-    def __init__(self, fallback: bool = False, where: Callable[[], str] = lambda: "?") -> None:
+    def __init__(
+        self, fallback: bool = False, where: Callable[[], str] = lambda: "?", thread: int = 0
+    ) -> None:
         self.commands: list[list[Any]] = []
         self.created: set[int] = set()  # handles of the buffers the step makes
         self.fallback = fallback
         self.abandoned = False
+        self.thread = thread  # the recording thread: other threads' calls are not the step's
         self._where = where
         self._arrays: list[list[Any]] = []
         self._index: dict[int, int] = {}  # id(array descriptor) -> index in the table
@@ -37,7 +41,7 @@ class Recording:
     def refuse(self, what: str) -> None:
         """``what`` cannot be part of a step: ``CaptureError`` naming it and the user's line,
         or, with ``fallback``, the recording ends and the call goes ahead."""
-        if self.abandoned:
+        if self.abandoned or (self.thread and threading.get_ident() != self.thread):
             return
         if self.fallback:
             self.abandoned = True

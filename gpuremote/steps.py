@@ -37,7 +37,7 @@ _ALLOC, _LAUNCH_NEW = CALLS_BY_NAME["alloc"], CALLS_BY_NAME["launch_new"]
 _LAUNCHES = (CALLS_BY_NAME["launch"], _LAUNCH_NEW)
 
 # how an argument position is rebound
-_DESC, _DESCS, _BUFFER, _KERNEL_ARGS = 0, 1, 2, 3
+_DESC, _DESCS, _BUFFER, _KERNEL_ARGS, _BUFFER_AT = 0, 1, 2, 3, 4  # AT: an offset follows
 
 
 class StepError(Exception):
@@ -73,6 +73,7 @@ class RecordedStep:
     kept: bool  # intermediates live between replays (the step uses one stream)
     nbytes: dict[int, int] = field(default_factory=dict)  # made buffers' sizes (as in calls)
     replays: int = 0
+    cost_ns: float | None = None  # the proxy's estimate of a replay, made at its first
 
     @classmethod
     def from_program(
@@ -126,7 +127,8 @@ class RecordedStep:
             creates = tuple(fixed[h][0] if h in fixed else h for h in handles)
             calls.append(StepCall(cmd.spec, cmd.stream, args, per_replay, op, creates))
         nbytes = {fixed[h][0] if h in fixed else h: n for h, n in created.items()}
-        streams = {cmd.stream for cmd in program.commands}
+        # an alloc's stream does not count: the client allocates on its default stream
+        streams = {cmd.stream for cmd in program.commands if cmd.spec is not _ALLOC}
         return cls(
             handle,
             calls,
@@ -177,10 +179,12 @@ def _rebound(
             out[pos] = _desc(a, binds)
         elif how == _DESCS:
             out[pos] = tuple([_desc(d, binds) for d in a])
-        elif how == _BUFFER:
+        elif how in (_BUFFER, _BUFFER_AT):
             b = binds.get(a)
             if b is not None:
                 out[pos] = b[0]
+                if how == _BUFFER_AT:  # memset's offset moves with its buffer
+                    out[pos + 1] += b[1]
         else:
             out[pos] = tuple([("a", _desc(k[1], binds)) if k[0] == "a" else k for k in a])
     return tuple(out)
@@ -192,7 +196,7 @@ def _names(a: Any, how: int, handles: set[int]) -> bool:
         return bool(a.handle in handles)
     if how == _DESCS:
         return any(d.handle in handles for d in a)
-    if how == _BUFFER:
+    if how in (_BUFFER, _BUFFER_AT):
         return a in handles
     return any(k[0] == "a" and k[1].handle in handles for k in a)
 
@@ -201,7 +205,10 @@ def _desc(d: ArrayDesc, binds: Binds) -> ArrayDesc:
     b = binds.get(d.handle)
     if b is None:
         return d
-    return ArrayDesc(b[0], d.offset + b[1], d.shape, d.dtype)
+    offset = d.offset + b[1]
+    if offset < 0:
+        raise StepError("an argument's offset would move the step's views before its buffer")
+    return ArrayDesc(b[0], offset, d.shape, d.dtype)
 
 
 def _positions(spec: CallSpec) -> tuple[tuple[int, int], ...]:
@@ -214,6 +221,8 @@ def _positions(spec: CallSpec) -> tuple[tuple[int, int], ...]:
             out.append((i, _DESCS))
         elif kind is Arg.KERNEL_ARGS:
             out.append((i, _KERNEL_ARGS))
-        elif kind is Arg.HANDLE and spec.name in ("alloc", "memset"):
+        elif kind is Arg.HANDLE and spec.name == "alloc":
             out.append((i, _BUFFER))
+        elif kind is Arg.HANDLE and spec.name == "memset":
+            out.append((i, _BUFFER_AT))
     return tuple(out)

@@ -140,6 +140,52 @@ async def test_what_a_step_cannot_hold_is_refused_naming_the_line(gpu: gpuremote
     np.testing.assert_array_equal(await reads(x + 1.0), 2.0)  # the session goes on
 
 
+async def test_what_a_replay_writes_is_not_read_from_a_stale_host_copy(
+    gpu: gpuremote.GPU,
+) -> None:
+    w = gpu.asarray(np.ones(4, np.float32))  # its upload's host copy is kept
+    step = gpu.capture(lambda g: gpu.axpy(-1.0, g, w))  # writes w, which it closes over
+    g = gpu.asarray(np.full(4, 0.25, np.float32))
+    for k in range(1, 4):
+        step(g)
+        np.testing.assert_array_equal(await w.get(), 1 - 0.25 * k)
+
+
+async def test_a_returned_view_of_an_argument_is_the_replays_own(gpu: gpuremote.GPU) -> None:
+    def f(x: Any) -> Any:
+        gpu.launch("add", [x, x], [x])  # in place
+        return x.reshape(2, 2)
+
+    step = gpu.capture(f)
+    for host in (np.arange(4, dtype=np.float32), np.ones(4, np.float32)):
+        x = gpu.asarray(host)
+        v = step(x)
+        assert v._buf is x._buf and v.shape == (2, 2)
+        np.testing.assert_array_equal(await v.get(), (2 * host).reshape(2, 2))
+
+
+async def test_static_types_and_aliasing_are_part_of_the_signature(gpu: gpuremote.GPU) -> None:
+    step = gpu.capture(lambda a, b, k: gpu.add(a, b) * k)
+    x = gpu.asarray(np.ones(4, np.float32))
+    y = gpu.asarray(np.full(4, 2.0, np.float32))
+    np.testing.assert_array_equal(await step(x, x, k=2).get(), 4.0)  # one buffer twice
+    np.testing.assert_array_equal(await step(x, y, k=2).get(), 6.0)  # two: recorded apart
+    np.testing.assert_array_equal(await step(x, y, k=2.0).get(), 6.0)  # a float: apart
+    assert step.stats()["signatures"] == 3 and step.stats()["replays"] == 0
+
+
+async def test_a_step_recorded_after_a_failed_call_is_kept(gpu: gpuremote.GPU) -> None:
+    singular = gpu.asarray(np.zeros((2, 2), np.float32))
+    a = gpu.asarray(np.ones(4, np.float32))
+    gpu.op("linalg.inv", singular)  # fails on the proxy: its stream's later work is skipped
+    step = gpu.capture(lambda a: a + 1.0)
+    step(a)  # recorded in the same batch, behind the failure
+    with pytest.raises(gpuremote.RemoteCallError, match=r"linalg\.inv"):
+        await gpu.synchronize()
+    np.testing.assert_array_equal(await step(a).get(), 2.0)  # replayed: the step was kept
+    assert step.stats()["replays"] == 1
+
+
 # -- gpuremote.xp ---------------------------------------------------------------------------
 @pytest.fixture(scope="module", params=["inproc", "tcp"])
 def dev(request: pytest.FixtureRequest) -> Iterator[Device]:

@@ -90,3 +90,13 @@ async def test_frees_from_many_threads_are_never_lost(gpu: gpuremote.GPU) -> Non
     del x
     await gpu.synchronize()
     assert (await gpu.proxy_stats())["buffers"] == before
+
+
+async def test_with_async_calls_off_a_call_that_cannot_be_sent_fails_alone(url: str) -> None:
+    async with gpuremote.connect(url, async_calls=False) as gpu:
+        x = gpu.asarray(np.ones(4, np.float32))
+        y = gpu.empty((4,), np.float32)
+        gpu._session.submit(CALLS_BY_NAME["launch"], 0, [object(), [x._wire], [y._wire], {}])
+        with pytest.raises(LocalProtocolError, match="launch was not sent"):
+            await gpu.synchronize()
+        np.testing.assert_array_equal(await (x + 1.0).get(), 2.0)  # the session goes on
