@@ -24,6 +24,7 @@ import ipaddress
 import logging
 import os
 import struct
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -53,6 +54,10 @@ Done = Callable[[BaseException | None], None]
 
 log = logging.getLogger("gpuremote.transports.ucx")
 
+#: how long messages still sent to a closed connection's tag are dropped, and how often
+DEAD_TAG_S = 30.0
+SWEEP_S = 0.05
+
 
 class _Driver:
     """The UCX worker of one event loop and its progress (see the module docstring)."""
@@ -71,6 +76,10 @@ class _Driver:
         self.probers: set[UcxConnection | RawUcx] = set()
         self._scheduled = False
         self.in_progress = False  # inside the worker's progress (its callbacks run there)
+        #: the tags of closed connections, and until when messages still sent to them are
+        #: received into one byte and dropped (else UCX keeps each as unexpected, forever)
+        self._dead_tags: list[tuple[Any, float]] = []
+        self._sweeping: asyncio.TimerHandle | None = None
         loop.add_reader(self.worker.epoll_file_descriptor, self.progress)
 
     @property
@@ -186,6 +195,29 @@ class _Driver:
             if fail is not None:
                 self.loop.call_soon(fail, exc)
 
+    def bury(self, tag: Any) -> None:
+        """A connection that received on ``tag`` closed: drop what still comes on it (for
+        ``DEAD_TAG_S``), swept from the loop every ``SWEEP_S``."""
+        self._dead_tags.append((tag, time.monotonic() + DEAD_TAG_S))
+        if self._sweeping is None:
+            self._sweep()
+
+    def _sweep(self) -> None:
+        self._sweeping = None
+        worker, now = self.worker, time.monotonic()
+        for tag, _ in self._dead_tags:
+            while True:
+                probe = worker.tag_probe(tag, remove=True)
+                if not probe.matched:
+                    break
+                sink = np.empty(1, dtype=np.uint8)  # UCX truncates the message into it
+                request = worker.tag_recv_with_handle(UcxArray(sink), probe)
+                self.track(request, functools.partial(_dropped, sink))
+        self._dead_tags = [(tag, until) for tag, until in self._dead_tags if until > now]
+        if self._dead_tags:
+            with contextlib.suppress(ConnectionClosed, RuntimeError):
+                self._sweeping = self.loop.call_later(SWEEP_S, self._sweep)
+
     @property
     def idle(self) -> bool:
         """Nothing in flight and no connection waiting for a message."""
@@ -197,6 +229,13 @@ class _Driver:
             self.loop.remove_reader(self.worker.epoll_file_descriptor)
         self._pending.clear()
         self.probers.clear()
+        self._dead_tags.clear()
+        if self._sweeping is not None:
+            self._sweeping.cancel()
+
+
+def _dropped(sink: np.ndarray[Any, Any], exc: BaseException | None) -> None:
+    """A message to a closed connection was dropped (``sink`` lived until then)."""
 
 
 #: the environment variables that ucxx sets itself when imported, with the values it sets
@@ -684,12 +723,13 @@ class UcxConnection(Connection):
             ep.remove_close_callback()
         self._driver.progress()  # learn first whether the peer already went
         fast, self._fast_ep = self._fast_ep, None
+        if self._my_tag is not None:  # what the peer still sends to it is dropped, not kept
+            self._driver.bury(self._my_tag)
         if fast is not None:  # its receives posted end with it
             with contextlib.suppress(Exception):
                 fast.close()
-        if (
-            ep.alive
-        ):  # live (the peer did not go, nor UCX fail it): close it, so the peer sees it go
+        if ep.alive:  # live: close it, so that the peer sees it go (closing one that UCX
+            # already failed, the peer gone, crashes UCX)
             with contextlib.suppress(Exception):
                 ep.close()
         self._dead_eps = (ep, fast)  # UCX's objects go only with the connection
