@@ -902,9 +902,13 @@ async def raw_connect(host: str, port: int) -> RawUcx:
     return RawUcx(conn)
 
 
-async def raw_listen(on_channel: Callable[[RawUcx], None]) -> tuple[Any, int]:
-    """Accept ``RawUcx`` channels on a free port; returns (the listener, keep it, its port)."""
-    driver = _driver()
+async def raw_listen(
+    on_channel: Callable[[RawUcx], None], local_only: bool = False
+) -> tuple[Any, int]:
+    """Accept ``RawUcx`` channels on a free port; returns (the listener, keep it, its port).
+    ``local_only``: on the driver of listeners on a loopback address (UCX's transports on the
+    host only), as the proxy's own listener there."""
+    driver = _driver(local_only)
     holder: list[Any] = []
 
     async def serve(conn: UcxConnection) -> None:
