@@ -55,8 +55,8 @@ Done = Callable[[BaseException | None], None]
 log = logging.getLogger("gpuremote.transports.ucx")
 
 #: how long messages still sent to a closed connection's tag are dropped, and how often
-DEAD_TAG_S = 30.0
-SWEEP_S = 0.05
+DEAD_TAG_S = 5.0
+SWEEP_S = 0.1
 
 
 class _Driver:
