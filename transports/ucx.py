@@ -54,6 +54,9 @@ Done = Callable[[BaseException | None], None]
 
 log = logging.getLogger("gpuremote.transports.ucx")
 
+#: how long a closed connection's unfinished requests are kept (UCX ends them at the first
+#: progress after their endpoint closes)
+REMAINS_S = 1.0
 #: how long messages still sent to a closed connection's tag are dropped, and how often
 DEAD_TAG_S = 5.0
 SWEEP_S = 0.1
@@ -79,6 +82,9 @@ class _Driver:
         #: the tags of closed connections, and until when messages still sent to them are
         #: received into one byte and dropped (else UCX keeps each as unexpected, forever)
         self._dead_tags: list[tuple[Any, float]] = []
+        #: what closed connections leave behind (their unfinished requests and buffers), and
+        #: until when: held here, not by the connection, so that no cycle keeps it alive
+        self._remains: list[tuple[Any, float]] = []
         self._sweeping: asyncio.TimerHandle | None = None
         loop.add_reader(self.worker.epoll_file_descriptor, self.progress)
 
@@ -202,6 +208,13 @@ class _Driver:
         if self._sweeping is None:
             self._sweep()
 
+    def hold(self, remains: Any) -> None:
+        """Keep ``remains`` (a closed connection's requests, with the buffers UCX may still
+        write into until it ends them) for ``REMAINS_S``."""
+        self._remains.append((remains, time.monotonic() + REMAINS_S))
+        if self._sweeping is None:
+            self._sweep()
+
     def _sweep(self) -> None:
         self._sweeping = None
         worker, now = self.worker, time.monotonic()
@@ -214,7 +227,8 @@ class _Driver:
                 request = worker.tag_recv_with_handle(UcxArray(sink), probe)
                 self.track(request, functools.partial(_dropped, sink))
         self._dead_tags = [(tag, until) for tag, until in self._dead_tags if until > now]
-        if self._dead_tags:
+        self._remains = [(held, until) for held, until in self._remains if until > now]
+        if self._dead_tags or self._remains:
             with contextlib.suppress(ConnectionClosed, RuntimeError):
                 self._sweeping = self.loop.call_later(SWEEP_S, self._sweep)
 
@@ -230,6 +244,7 @@ class _Driver:
         self._pending.clear()
         self.probers.clear()
         self._dead_tags.clear()
+        self._remains.clear()
         if self._sweeping is not None:
             self._sweeping.cancel()
 
@@ -303,6 +318,14 @@ _HELLO_MAGIC = b"GRUX"
 _FAST = 1  # flag: this side wants worker-address endpoints
 
 
+def _peer_closed(conn: weakref.ref[UcxConnection], *args: Any) -> None:
+    """An endpoint's close callback: its connection, if still there, learns that the peer
+    went."""
+    alive = conn()
+    if alive is not None:
+        alive._peer_closed()
+
+
 class UcxConnection(Connection):
     """A UCX endpoint carrying frames.
 
@@ -348,7 +371,9 @@ class UcxConnection(Connection):
         #: "worker address" (tagged messages) or "listener" (the stream of the first endpoint)
         self.path = "listener"
         self._hello_wait: asyncio.Future[np.ndarray[Any, Any]] | None = None
-        endpoint.set_close_callback(self._peer_closed)
+        # weakly: the endpoint outlives its close (in ``_dead_eps``), and a bound method would
+        # make a cycle that only a full garbage collection frees
+        endpoint.set_close_callback(functools.partial(_peer_closed, weakref.ref(self)))
 
     # -- the hello -------------------------------------------------------------------------
     async def hello(self, fast: bool, timeout: float = 10.0, start: bool = True) -> None:
@@ -683,7 +708,7 @@ class UcxConnection(Connection):
         return self._device_allocate is not None and self._fast_ep is not None
 
     # -- ending ----------------------------------------------------------------------------
-    def _peer_closed(self, *args: Any) -> None:  # from inside progress: go through the loop
+    def _peer_closed(self) -> None:  # from inside progress: go through the loop
         lost = ConnectionClosed(f"connection closed by {self.peer}")
         self._driver.loop.call_soon(self._fail, lost)
 
@@ -718,7 +743,7 @@ class UcxConnection(Connection):
         if ep is None:
             return
         # nothing reads this endpoint's requests once it closes (closing ends them)
-        self._orphans = self._driver.forget(self)
+        self._driver.hold(self._driver.forget(self))
         with contextlib.suppress(Exception):
             ep.remove_close_callback()
         self._driver.progress()  # learn first whether the peer already went
@@ -735,6 +760,7 @@ class UcxConnection(Connection):
         self._dead_eps = (ep, fast)  # UCX's objects go only with the connection
 
     def _finish(self) -> None:
+        self._receiver = None  # no cycle through the receiver's owner
         on_lost, self._on_lost = self._on_lost, None
         if on_lost is not None:
             error = self._error
