@@ -760,7 +760,7 @@ class UcxConnection(Connection):
         self._dead_eps = (ep, fast)  # UCX's objects go only with the connection
 
     def _finish(self) -> None:
-        self._receiver = None  # no cycle through the receiver's owner
+        self._receiver = self._reserve = None  # no cycle through the receiver's owner
         on_lost, self._on_lost = self._on_lost, None
         if on_lost is not None:
             error = self._error
