@@ -92,7 +92,7 @@ def reexec_pinned(how: str, cfg: TargetOptions) -> None:
         return
     os.environ[_PIN_ENV] = ",".join(map(str, sorted(os.sched_getaffinity(0))))
     os.sched_setaffinity(0, {plan[0]})
-    from gpuremote.cli import restore_stdout
+    from gpuremote.stdio import restore_stdout
 
     restore_stdout()  # --json: the new program prints its object on the real stdout
     os.execv(sys.executable, [sys.executable, "-m", "gpuremote", *sys.argv[1:]])
