@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import ipaddress
 import logging
 import os
 import struct
@@ -33,6 +32,7 @@ import numpy as np
 from ucxx._lib import libucxx as ucx_api
 from ucxx._lib.arr import Array as UcxArray
 
+from gpuremote.auth import is_loopback
 from gpuremote.errors import ConnectionClosed, LimitExceeded, ProtocolError, RemoteProtocolError
 from gpuremote.framing import (
     DEVICE_DIRECT_MIN,
@@ -232,11 +232,6 @@ class _Driver:
             with contextlib.suppress(ConnectionClosed, RuntimeError):
                 self._sweeping = self.loop.call_later(SWEEP_S, self._sweep)
 
-    @property
-    def idle(self) -> bool:
-        """Nothing in flight and no connection waiting for a message."""
-        return not self._pending and not self.probers
-
     def close(self) -> None:
         """Stop watching the worker and let UCX's worker and context go."""
         with contextlib.suppress(Exception):
@@ -301,15 +296,6 @@ def _driver(local_only: bool = False) -> _Driver:
     if driver is None:
         driver = drivers[local_only] = _Driver(loop, local_only)
     return driver
-
-
-def _is_loopback(host: str) -> bool:
-    if host in ("localhost", ""):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 #: the transport's own hello, over the listener's endpoint: magic, flags, tag, address length
@@ -513,10 +499,10 @@ class UcxConnection(Connection):
         return meta_len, nbufs
 
     def _check_lengths(self, meta_len: int, lengths: list[int]) -> bool:
-        if meta_len + sum(lengths) > self._limits.max_frame_bytes:
-            self._fail(LimitExceeded(f"frame of {meta_len + sum(lengths)} bytes"))
-            return False
         total: int = sum(lengths)
+        if meta_len + total > self._limits.max_frame_bytes:
+            self._fail(LimitExceeded(f"frame of {meta_len + total} bytes"))
+            return False
         if self._reserve is not None and total:
             try:
                 self._reserve(total)
@@ -822,7 +808,7 @@ class UcxTransport(Transport):
 
     async def listen(self, address: Address, handler: ConnectionHandler) -> Listener:
         host = address.host or "127.0.0.1"
-        driver = _driver(local_only=_is_loopback(host))
+        driver = _driver(local_only=is_loopback(host))
         tasks: set[asyncio.Future[None]] = set()
         holder: list[Any] = []
         fast = self._fast(address)
