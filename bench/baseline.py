@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from gpuremote.transports import Address
 
+from gpuremote.auth import is_loopback
 from gpuremote.framing import byte_view
 
 __all__ = [
@@ -162,12 +163,13 @@ async def echo_service(proxy: Any, url: str) -> EchoServers:
     host = address.host
     echo = await EchoServers.start(host if host[:1].isdigit() or ":" in host else "127.0.0.1")
     if address.scheme == "ucx":
-        echo.ucx_listener, echo.ports["ucxx"] = await _ucx_echo_server()
+        local = is_loopback(host)  # on the proxy's own driver: UCX on the host only
+        echo.ucx_listener, echo.ports["ucxx"] = await _ucx_echo_server(local)
     proxy.info["bench_echo"] = echo.ports
     return echo
 
 
-async def _ucx_echo_server() -> tuple[Any, int]:
+async def _ucx_echo_server(local_only: bool) -> tuple[Any, int]:
     from gpuremote.transports.ucx import RawUcx, raw_listen
 
     def serve(ch: RawUcx) -> None:
@@ -193,7 +195,7 @@ async def _ucx_echo_server() -> tuple[Any, int]:
 
         ch.next_message(on_message)
 
-    return await raw_listen(serve)
+    return await raw_listen(serve, local_only)
 
 
 class UcxxClient:

@@ -46,8 +46,8 @@ import numpy as np
 
 import gpuremote
 from gpuremote.errors import ConfigError
-from gpuremote.jsonstdout import restore_stdout
 from gpuremote.local import connect_local
+from gpuremote.stdio import restore_stdout
 from gpuremote.workloads import transformer_block
 
 from .baseline import ProtocolEchoClient

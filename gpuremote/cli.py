@@ -10,8 +10,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .jsonstdout import json_stdout
-
 __all__ = ["main"]
 
 
@@ -457,6 +455,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if getattr(args, "json", False):
+            from .stdio import json_stdout
+
             with json_stdout():
                 return int(args.func(args))
         return int(args.func(args))

@@ -280,6 +280,7 @@ class FrameDecoder:
         self._scratch = bytearray()
         self._view = memoryview(self._scratch)
         self._dest = None
+        self._reserve = None
         self._frames.clear()
         if self._error is None:
             self._error = RemoteProtocolError("decoder released")

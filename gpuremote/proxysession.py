@@ -68,6 +68,10 @@ def _outcome(future: asyncio.Future[str]) -> Generator[Any, None, str]:
     return future.result()
 
 
+def _ended_deliver(result: Any) -> None:
+    """What a session's device queue delivers to once the session has ended: nothing."""
+
+
 class ProxySession:
     """See the module docstring. ``executor`` holds the session's resources; ``pool`` runs
     its batches off the loop."""
@@ -205,6 +209,8 @@ class ProxySession:
                 )
             with contextlib.suppress(asyncio.CancelledError):
                 await self._queue.idle()  # what runs on the device now finishes before the free
+        if self._queue is not None:  # no cycle (session -> queue -> session.deliver) left
+            self._queue._deliver = _ended_deliver
         executor = self._executor
         if executor is None:
             return

@@ -371,9 +371,13 @@ async def test_a_failure_in_the_proxy_is_answered_as_a_proxy_error(
 
 
 # -- --json over every transport ---------------------------------------------------------------
-@pytest.mark.parametrize("transport", ["tcp", pytest.param("ucx", marks=needs_ucx)])
-def test_json_is_one_object_on_stdout_on_every_transport(cli: Cli, transport: str) -> None:
+@pytest.mark.parametrize("transport", ["inproc", *NETWORK])
+def test_json_is_one_object_on_stdout_on_every_transport(
+    cli: Cli, transport: str, request: pytest.FixtureRequest
+) -> None:
     """``--json``: stdout holds the one JSON object, whatever UCX or the proxy print."""
+    if transport == "tls":
+        request.getfixturevalue("tls_files")
     env = {k: v for k, v in os.environ.items() if k != "GPUREMOTE_URL"}
     for user_vars in ({}, {"UCX_TLS": "tcp,sm,self"}):  # the user's UCX_* make UCX warn
         out = cli(

@@ -20,10 +20,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import ipaddress
 import logging
 import os
 import struct
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +32,7 @@ import numpy as np
 from ucxx._lib import libucxx as ucx_api
 from ucxx._lib.arr import Array as UcxArray
 
+from gpuremote.auth import is_loopback
 from gpuremote.errors import ConnectionClosed, LimitExceeded, ProtocolError, RemoteProtocolError
 from gpuremote.framing import (
     DEVICE_DIRECT_MIN,
@@ -53,6 +54,13 @@ Done = Callable[[BaseException | None], None]
 
 log = logging.getLogger("gpuremote.transports.ucx")
 
+#: how long a closed connection's unfinished requests are kept (UCX ends them at the first
+#: progress after their endpoint closes)
+REMAINS_S = 1.0
+#: how long messages still sent to a closed connection's tag are dropped, and how often
+DEAD_TAG_S = 5.0
+SWEEP_S = 0.1
+
 
 class _Driver:
     """The UCX worker of one event loop and its progress (see the module docstring)."""
@@ -71,6 +79,13 @@ class _Driver:
         self.probers: set[UcxConnection | RawUcx] = set()
         self._scheduled = False
         self.in_progress = False  # inside the worker's progress (its callbacks run there)
+        #: the tags of closed connections, and until when messages still sent to them are
+        #: received into one byte and dropped (else UCX keeps each as unexpected, forever)
+        self._dead_tags: list[tuple[Any, float]] = []
+        #: what closed connections leave behind (their unfinished requests and buffers), and
+        #: until when: held here, not by the connection, so that no cycle keeps it alive
+        self._remains: list[tuple[Any, float]] = []
+        self._sweeping: asyncio.TimerHandle | None = None
         loop.add_reader(self.worker.epoll_file_descriptor, self.progress)
 
     @property
@@ -186,10 +201,36 @@ class _Driver:
             if fail is not None:
                 self.loop.call_soon(fail, exc)
 
-    @property
-    def idle(self) -> bool:
-        """Nothing in flight and no connection waiting for a message."""
-        return not self._pending and not self.probers
+    def bury(self, tag: Any) -> None:
+        """A connection that received on ``tag`` closed: drop what still comes on it (for
+        ``DEAD_TAG_S``), swept from the loop every ``SWEEP_S``."""
+        self._dead_tags.append((tag, time.monotonic() + DEAD_TAG_S))
+        if self._sweeping is None:
+            self._sweep()
+
+    def hold(self, remains: Any) -> None:
+        """Keep ``remains`` (a closed connection's requests, with the buffers UCX may still
+        write into until it ends them) for ``REMAINS_S``."""
+        self._remains.append((remains, time.monotonic() + REMAINS_S))
+        if self._sweeping is None:
+            self._sweep()
+
+    def _sweep(self) -> None:
+        self._sweeping = None
+        worker, now = self.worker, time.monotonic()
+        for tag, _ in self._dead_tags:
+            while True:
+                probe = worker.tag_probe(tag, remove=True)
+                if not probe.matched:
+                    break
+                sink = np.empty(1, dtype=np.uint8)  # UCX truncates the message into it
+                request = worker.tag_recv_with_handle(UcxArray(sink), probe)
+                self.track(request, functools.partial(_dropped, sink))
+        self._dead_tags = [(tag, until) for tag, until in self._dead_tags if until > now]
+        self._remains = [(held, until) for held, until in self._remains if until > now]
+        if self._dead_tags or self._remains:
+            with contextlib.suppress(ConnectionClosed, RuntimeError):
+                self._sweeping = self.loop.call_later(SWEEP_S, self._sweep)
 
     def close(self) -> None:
         """Stop watching the worker and let UCX's worker and context go."""
@@ -197,6 +238,14 @@ class _Driver:
             self.loop.remove_reader(self.worker.epoll_file_descriptor)
         self._pending.clear()
         self.probers.clear()
+        self._dead_tags.clear()
+        self._remains.clear()
+        if self._sweeping is not None:
+            self._sweeping.cancel()
+
+
+def _dropped(sink: np.ndarray[Any, Any], exc: BaseException | None) -> None:
+    """A message to a closed connection was dropped (``sink`` lived until then)."""
 
 
 #: the environment variables that ucxx sets itself when imported, with the values it sets
@@ -249,19 +298,18 @@ def _driver(local_only: bool = False) -> _Driver:
     return driver
 
 
-def _is_loopback(host: str) -> bool:
-    if host in ("localhost", ""):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 #: the transport's own hello, over the listener's endpoint: magic, flags, tag, address length
 _HELLO = struct.Struct("<4sIQI")
 _HELLO_MAGIC = b"GRUX"
 _FAST = 1  # flag: this side wants worker-address endpoints
+
+
+def _peer_closed(conn: weakref.ref[UcxConnection], *args: Any) -> None:
+    """An endpoint's close callback: its connection, if still there, learns that the peer
+    went."""
+    alive = conn()
+    if alive is not None:
+        alive._peer_closed()
 
 
 class UcxConnection(Connection):
@@ -309,7 +357,9 @@ class UcxConnection(Connection):
         #: "worker address" (tagged messages) or "listener" (the stream of the first endpoint)
         self.path = "listener"
         self._hello_wait: asyncio.Future[np.ndarray[Any, Any]] | None = None
-        endpoint.set_close_callback(self._peer_closed)
+        # weakly: the endpoint outlives its close (in ``_dead_eps``), and a bound method would
+        # make a cycle that only a full garbage collection frees
+        endpoint.set_close_callback(functools.partial(_peer_closed, weakref.ref(self)))
 
     # -- the hello -------------------------------------------------------------------------
     async def hello(self, fast: bool, timeout: float = 10.0, start: bool = True) -> None:
@@ -449,10 +499,10 @@ class UcxConnection(Connection):
         return meta_len, nbufs
 
     def _check_lengths(self, meta_len: int, lengths: list[int]) -> bool:
-        if meta_len + sum(lengths) > self._limits.max_frame_bytes:
-            self._fail(LimitExceeded(f"frame of {meta_len + sum(lengths)} bytes"))
-            return False
         total: int = sum(lengths)
+        if meta_len + total > self._limits.max_frame_bytes:
+            self._fail(LimitExceeded(f"frame of {meta_len + total} bytes"))
+            return False
         if self._reserve is not None and total:
             try:
                 self._reserve(total)
@@ -644,7 +694,7 @@ class UcxConnection(Connection):
         return self._device_allocate is not None and self._fast_ep is not None
 
     # -- ending ----------------------------------------------------------------------------
-    def _peer_closed(self, *args: Any) -> None:  # from inside progress: go through the loop
+    def _peer_closed(self) -> None:  # from inside progress: go through the loop
         lost = ConnectionClosed(f"connection closed by {self.peer}")
         self._driver.loop.call_soon(self._fail, lost)
 
@@ -679,22 +729,24 @@ class UcxConnection(Connection):
         if ep is None:
             return
         # nothing reads this endpoint's requests once it closes (closing ends them)
-        self._orphans = self._driver.forget(self)
+        self._driver.hold(self._driver.forget(self))
         with contextlib.suppress(Exception):
             ep.remove_close_callback()
         self._driver.progress()  # learn first whether the peer already went
         fast, self._fast_ep = self._fast_ep, None
+        if self._my_tag is not None:  # what the peer still sends to it is dropped, not kept
+            self._driver.bury(self._my_tag)
         if fast is not None:  # its receives posted end with it
             with contextlib.suppress(Exception):
                 fast.close()
-        if (
-            ep.alive
-        ):  # live (the peer did not go, nor UCX fail it): close it, so the peer sees it go
+        if ep.alive:  # live: close it, so that the peer sees it go (closing one that UCX
+            # already failed, the peer gone, crashes UCX)
             with contextlib.suppress(Exception):
                 ep.close()
         self._dead_eps = (ep, fast)  # UCX's objects go only with the connection
 
     def _finish(self) -> None:
+        self._receiver = self._reserve = None  # no cycle through the receiver's owner
         on_lost, self._on_lost = self._on_lost, None
         if on_lost is not None:
             error = self._error
@@ -756,7 +808,7 @@ class UcxTransport(Transport):
 
     async def listen(self, address: Address, handler: ConnectionHandler) -> Listener:
         host = address.host or "127.0.0.1"
-        driver = _driver(local_only=_is_loopback(host))
+        driver = _driver(local_only=is_loopback(host))
         tasks: set[asyncio.Future[None]] = set()
         holder: list[Any] = []
         fast = self._fast(address)
@@ -862,9 +914,13 @@ async def raw_connect(host: str, port: int) -> RawUcx:
     return RawUcx(conn)
 
 
-async def raw_listen(on_channel: Callable[[RawUcx], None]) -> tuple[Any, int]:
-    """Accept ``RawUcx`` channels on a free port; returns (the listener, keep it, its port)."""
-    driver = _driver()
+async def raw_listen(
+    on_channel: Callable[[RawUcx], None], local_only: bool = False
+) -> tuple[Any, int]:
+    """Accept ``RawUcx`` channels on a free port; returns (the listener, keep it, its port).
+    ``local_only``: on the driver of listeners on a loopback address (UCX's transports on the
+    host only), as the proxy's own listener there."""
+    driver = _driver(local_only)
     holder: list[Any] = []
 
     async def serve(conn: UcxConnection) -> None:

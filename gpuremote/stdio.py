@@ -1,4 +1,5 @@
-"""``--json``: stdout holds the one JSON object a command prints, and nothing else."""
+"""The process's stdout for ``--json``: one JSON object on it and nothing else, whatever
+libraries outside Python (UCX) write to the descriptor meanwhile."""
 
 from __future__ import annotations
 
