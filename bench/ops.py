@@ -435,24 +435,28 @@ def _cpu(row: dict[str, Any] | None) -> float | None:
     return row["client_cpu_us"] + (row["proxy_cpu_us"] or 0.0)
 
 
-def _steps(gpu: gpuremote.GPU, local: Any) -> dict[str, tuple[Any, Any]]:
-    """Step cases: name -> (remote step, the same step in process)."""
+def _mlp(g: Any, capture: bool) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """The demo's MLP training step on ``g`` (captured, or call by call) and its arrays."""
     from gpuremote.demo import mlp_data, mlp_step
 
     data = mlp_data()
     scale = 2.0 / data["y"].size
+    arrays = tuple(g.asarray(data[k]) for k in ("x", "y", "w1", "w2"))
+
+    def step(x: Any, y: Any, w1: Any, w2: Any) -> Any:
+        return mlp_step(g, x, y, w1, w2, scale, 1e-3)
+
+    return (g.capture(step) if capture else step), arrays
+
+
+def _steps(gpu: gpuremote.GPU, local: Any) -> dict[str, tuple[Any, Any]]:
+    """Step cases: name -> (remote step, the same step in process)."""
 
     def mlp(g: Any, capture: bool) -> Callable[[], Any]:
-        x, y = g.asarray(data["x"]), g.asarray(data["y"])
-        w1, w2 = g.asarray(data["w1"]), g.asarray(data["w2"])
-
-        def step(x: Any, y: Any, w1: Any, w2: Any) -> Any:
-            return mlp_step(g, x, y, w1, w2, scale, 1e-3)
-
-        run = g.capture(step) if capture else step
+        run, arrays = _mlp(g, capture)
 
         async def one() -> None:
-            await run(x, y, w1, w2).get()
+            await run(*arrays).get()
 
         return one
 
@@ -487,24 +491,14 @@ def _steps(gpu: gpuremote.GPU, local: Any) -> dict[str, tuple[Any, Any]]:
 
 def _unread(gpu: gpuremote.GPU, local: Any) -> tuple[Any, Any]:
     """``UNREAD`` MLP steps and one read: replayed remotely, plain in process."""
-    from gpuremote.demo import mlp_data, mlp_step
-
-    data = mlp_data()
-    scale = 2.0 / data["y"].size
 
     def make(g: Any, capture: bool) -> Callable[[], Any]:
-        x, y = g.asarray(data["x"]), g.asarray(data["y"])
-        w1, w2 = g.asarray(data["w1"]), g.asarray(data["w2"])
-
-        def step(x: Any, y: Any, w1: Any, w2: Any) -> Any:
-            return mlp_step(g, x, y, w1, w2, scale, 1e-3)
-
-        run = g.capture(step) if capture else step
+        run, arrays = _mlp(g, capture)
 
         async def block() -> None:
             for _ in range(UNREAD - 1):
-                run(x, y, w1, w2)
-            await run(x, y, w1, w2).get()
+                run(*arrays)
+            await run(*arrays).get()
 
         return block
 

@@ -273,7 +273,10 @@ class ClientSession:
         self.counters.calls["sync"] += 1
         if self._to_free:
             self._queue_frees()
-        cmd = self._command(spec, stream, args, buffer, ack=False)
+        return self._send_awaited(self._command(spec, stream, args, buffer, ack=False))
+
+    def _send_awaited(self, cmd: list[Any]) -> asyncio.Future[Result]:
+        """Send ``cmd`` (after everything queued) now; the future of its reply."""
         fut: asyncio.Future[Result] = self._loop.create_future()
         self._pending[cmd[0]] = fut
         self._queue.append(cmd)
@@ -314,15 +317,7 @@ class ClientSession:
         if self.recording is not None:
             self.recording.refuse(f"{spec.name} (host data sent to the device)")
         self.counters.calls["async"] += 1
-        cmd = self._command(spec, stream, args, buffer, ack=True)
-        fut: asyncio.Future[Result] = self._loop.create_future()
-        self._pending[cmd[0]] = fut
-        self._queue.append(cmd)
-        if self.config.async_calls:
-            self._flush_now()
-            self.counters.round_trips += 1
-        else:
-            self._send_serial()
+        fut = self._send_awaited(self._command(spec, stream, args, buffer, ack=True))
         await self.wait(fut, spec.name)
 
     async def flush(self, wait: bool = False) -> None:

@@ -276,6 +276,7 @@ class Executor:
         self.kernels.clear()
         self.steps.clear()
         self._step_calls = 0
+        self._dispatch.clear()  # its bound methods hold the executor: no cycle left
 
     def stats(self) -> dict[str, Any]:
         return {

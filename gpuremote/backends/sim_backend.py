@@ -202,16 +202,7 @@ class SimBackend(NumpyBackend):
             op.run(np, ins, outs, params)
             self._work()
 
-        seconds = 0.0
-        if self.profile is not None:
-            seconds = op_time(
-                self.profile,
-                op.name,
-                [(x.shape, x.dtype) for x in ins],
-                [(x.shape, x.dtype) for x in outs],
-                params,
-            )
-        self._put(stream, job, seconds)
+        self._put(stream, job, self._op_s(op, ins, outs, params))
 
     def run_ops(self, runs: Sequence[OpRun], stream: Any) -> None:
         batch = tuple(runs)  # one job: the stream's device runs them in order
@@ -221,17 +212,19 @@ class SimBackend(NumpyBackend):
                 op.run(np, ins, outs, params)
                 self._work()
 
-        seconds = 0.0
-        if self.profile is not None:
-            for op, ins, outs, params in batch:
-                seconds += op_time(
-                    self.profile,
-                    op.name,
-                    [(x.shape, x.dtype) for x in ins],
-                    [(x.shape, x.dtype) for x in outs],
-                    params,
-                )
-        self._put(stream, job, seconds)
+        self._put(stream, job, sum(self._op_s(*run) for run in batch))
+
+    def _op_s(self, op: Any, ins: Sequence[Any], outs: Sequence[Any], params: Any) -> float:
+        """An op's device time under the profile (0 without one)."""
+        if self.profile is None:
+            return 0.0
+        return op_time(
+            self.profile,
+            op.name,
+            [(x.shape, x.dtype) for x in ins],
+            [(x.shape, x.dtype) for x in outs],
+            params,
+        )
 
     # -- waiting ---------------------------------------------------------------------------
     def to_host(self, src: Any, stream: Any) -> np.ndarray[Any, Any]:
