@@ -182,7 +182,19 @@ class ClientSession:
     ) -> list[Any]:
         for i in _VALUE_ARGS[spec.opcode]:
             a = args[i]
-            if type(a) is not int or not _INT_MIN <= a <= _INT_MAX:
+            t = type(a)
+            if t is dict:  # a launch's params: mostly floats and small ints, checked inline
+                for v in a.values():
+                    tv = type(v)
+                    if not (
+                        tv is float
+                        or tv is str
+                        or tv is bool
+                        or (tv is int and _INT_MIN <= v <= _INT_MAX)
+                    ):
+                        _check_sendable(a, spec)
+                        break
+            elif t is not int or not _INT_MIN <= a <= _INT_MAX:
                 if spec.args[i][1] is Arg.KERNEL_ARGS:  # ["a", array] entries: not values
                     a = [k[2:] for k in a if k[:1] != ["a"]]
                 _check_sendable(a, spec)

@@ -35,6 +35,8 @@ async def test_an_unsendable_integer_fails_its_call_alone(gpu: gpuremote.GPU) ->
         gpu._session.submit(launch, 0, ["add", [x._wire, x._wire], [x._wire], {"k": object()}])
     with pytest.raises(OverflowError, match="cannot be sent"):
         gpu._session.submit(launch, 0, ["add", [x._wire, x._wire], [x._wire], {"k": [-(2**64)]}])
+    with pytest.raises(OverflowError, match="cannot be sent"):
+        gpu._session.submit(launch, 0, ["add", [x._wire, x._wire], [x._wire], {"k": 2**64}])
     del x
     await _verify_many(gpu)
     assert (await gpu.proxy_stats())["buffers"] == before  # the failed calls left nothing
