@@ -36,6 +36,17 @@ def _ucx_missing() -> str | None:
 
 
 _NO_UCX = _ucx_missing()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests (or parameters) marked ``ucx`` skip, with the reason, where ucxx is missing."""
+    if _NO_UCX is None:
+        return
+    for item in items:
+        if item.get_closest_marker("ucx") is not None:
+            item.add_marker(pytest.mark.skip(reason=_NO_UCX))
+
+
 SCHEMES = [
     "inproc",
     "tcp",

@@ -41,19 +41,10 @@ if TYPE_CHECKING:
     from conftest import Cli
 
 
-def _ucx_missing() -> str | None:
-    try:
-        import ucxx  # noqa: F401
-    except Exception as exc:  # not installed, or its libraries cannot load
-        return f"ucx:// needs the [ucx] extra: {type(exc).__name__}: {exc}"
-    return None
-
-
 SECRET = b"correct horse battery staple"
 
 
-_NO_UCX = _ucx_missing()
-needs_ucx = pytest.mark.skipif(_NO_UCX is not None, reason=str(_NO_UCX))
+needs_ucx = pytest.mark.ucx  # skipped where ucxx is missing (conftest.py)
 #: the transports that cross a network: every hostile-input test runs over each
 NETWORK = ["tcp", "tls", pytest.param("ucx", marks=needs_ucx)]
 

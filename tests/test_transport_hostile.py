@@ -32,16 +32,7 @@ if TYPE_CHECKING:
     from conftest import Cli
 
 
-def _ucx_missing() -> str | None:
-    try:
-        import ucxx  # noqa: F401
-    except Exception as exc:  # not installed, or its libraries cannot load
-        return f"ucx:// needs the [ucx] extra: {type(exc).__name__}: {exc}"
-    return None
-
-
-_NO_UCX = _ucx_missing()
-needs_ucx = pytest.mark.skipif(_NO_UCX is not None, reason=str(_NO_UCX))
+needs_ucx = pytest.mark.ucx  # skipped where ucxx is missing (conftest.py)
 TOKEN = "hostile-admin-token"
 GIB = 1 << 30
 
@@ -220,11 +211,10 @@ async def test_a_peer_announcing_a_gibibyte_before_its_hello_is_cut_off_at_no_co
         await _served(good, 1000)
 
 
+@needs_ucx
 async def test_a_large_message_before_the_hello_is_dropped_unread_over_ucx() -> None:
     """ucx://: a real 64 MiB message before the hello is not received into memory of its
     size (UCX truncates it into one byte) and ends that connection."""
-    if _NO_UCX is not None:
-        pytest.skip(_NO_UCX)
     proxy = gpuremote.Proxy("numpy")
     url = await proxy.start("ucx://127.0.0.1:0")
     try:
