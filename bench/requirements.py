@@ -543,6 +543,14 @@ def _emu_url(base: str, rtt_us: float | None, bw_gbit: float | None) -> str:
     return f"emu+{base}?{'&'.join(opts)}"
 
 
+def _requirements(
+    points: list[dict[str, Any]], modes: list[Mode], tol: float, slowdown: str
+) -> dict[str, dict[str, Any]]:
+    """``_min_requirement`` per mode, judged by the points' ``slowdown`` figure."""
+    judged = [{**p, "slowdown": p[slowdown]} for p in points]
+    return {m.name: _min_requirement(judged, m.name, tol) for m in modes}
+
+
 def _min_requirement(points: list[dict[str, Any]], mode: str, tol: float) -> dict[str, Any]:
     """The largest RTT up to which every RTT of the grid keeps the slowdown within ``tol``
     at the grid's best bandwidth, and the smallest bandwidth from which every bandwidth does
@@ -712,24 +720,14 @@ async def _run_emulated(
                     },
                     # the model's answer with the software's costs as measured at each point
                     # (steadier than the measured one where other jobs disturb runs)
-                    "min_requirement_model": {
-                        m.name: _min_requirement(
-                            [{**p, "slowdown": p["predicted_slowdown"]} for p in points],
-                            m.name,
-                            cfg.tolerance,
-                        )
-                        for m in modes
-                    },
+                    "min_requirement_model": _requirements(
+                        points, modes, cfg.tolerance, "predicted_slowdown"
+                    ),
                     # the model's answer were the client's and proxy's software free: the
                     # network's share of the requirement (the local run's gaps and host time)
-                    "min_requirement_network_only": {
-                        m.name: _min_requirement(
-                            [{**p, "slowdown": p["network_only_slowdown"]} for p in points],
-                            m.name,
-                            cfg.tolerance,
-                        )
-                        for m in modes
-                    },
+                    "min_requirement_network_only": _requirements(
+                        points, modes, cfg.tolerance, "network_only_slowdown"
+                    ),
                     "sync_round_trips_per_step": {
                         "optimized": trips / steps,
                         "unoptimized": _remote_calls(trace, False)[1] / steps,
