@@ -44,6 +44,9 @@ _RECORD, _REPLAY, _FREE_STEP = (
 )
 _FREE = CALLS_BY_NAME["free"]
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
+#: not the user's code either: the standard library (asyncio's loop, when the calling thread
+#: drives the session's loop, runs between the user's line and the call)
+_NOT_USER = (_PACKAGE, os.path.dirname(os.path.abspath(os.__file__)))
 #: signatures a step keeps recorded; the oldest goes (on the proxy too) past this
 MAX_SIGNATURES = 64
 _RECORDING = threading.RLock()  # one recording at a time in this process
@@ -65,9 +68,10 @@ class _Recorded:
 
 
 def user_line() -> str:
-    """``file:line`` of the innermost frame outside gpuremote (the user's code)."""
+    """``file:line`` of the innermost frame outside gpuremote and the standard library (the
+    user's code)."""
     for frame in reversed(traceback.extract_stack()):
-        if not os.path.abspath(frame.filename).startswith(_PACKAGE):
+        if not os.path.abspath(frame.filename).startswith(_NOT_USER):
             return f"{frame.filename}:{frame.lineno}"
     return "?"
 
