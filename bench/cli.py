@@ -208,6 +208,18 @@ def add_bench_parser(sub: Any) -> None:
     pe.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
     pe.set_defaults(func=_peer)
 
+    fo = bs.add_parser("failover", help="a session losing its proxy on a local pool of two")
+    fo.add_argument("--address", default=None, help="a Ray cluster (default: a local one)")
+    fo.add_argument("--steps", type=int, default=400)
+    fo.add_argument(
+        "--kills", default="200,300", help="steps before which the session's proxy is killed"
+    )
+    fo.add_argument("--timed-steps", type=int, default=2000, help="per run, for the overhead")
+    fo.add_argument("--rounds", type=int, default=3, help="runs with and without failover")
+    fo.add_argument("--checkpoint-interval", type=float, default=None, help="seconds")
+    fo.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
+    fo.set_defaults(func=_failover)
+
     a = bs.add_parser("api", help="calls per second: synchronous versus pipelined")
     _common(a)
     a.add_argument("--calls", type=int, default=10_000)
@@ -506,6 +518,54 @@ def _peer(args: argparse.Namespace) -> int:
         f"through the client / proxy to proxy: {result['through_client_over_direct']:.2f}x"
     )
     return 0
+
+
+def _failover(args: argparse.Namespace) -> int:
+    from .failover import FailoverBenchConfig, run_failover
+
+    cfg = FailoverBenchConfig(
+        address=args.address,
+        steps=args.steps,
+        kills=tuple(int(k) for k in args.kills.split(",") if k),
+        timed_steps=args.timed_steps,
+        rounds=args.rounds,
+        checkpoint_interval_s=args.checkpoint_interval,
+    )
+    view = _status("gpuremote bench failover", ("phase", "round", "mode", "step", "killed"))
+    result = _drive(args, view, lambda report: run_failover(cfg, report))
+    if args.json:
+        _print_json(result)
+        return 0 if result["equal"] else 1
+    console = Console()
+    rows = [
+        (
+            f"{m['from']} -> {m['to']}",
+            "standby" if m["from_standby"] else "client",
+            f"{m['pause_s'] * 1e3:,.1f}",
+            f"{m['detection_s'] * 1e3:,.1f}",
+            f"{m['reconnect_s'] * 1e3:,.1f}",
+            f"{m['restore_s'] * 1e3:,.1f}",
+            f"{m['replay_s'] * 1e3:,.1f}",
+            f"{m['replayed_calls']:,}",
+        )
+        for m in result["moves"]
+    ]
+    title = (
+        f"gpuremote bench failover: {result['steps']} MLP steps, proxy killed before steps "
+        f"{result['kills_at']}: {result['failovers']} failovers, weights "
+        f"{'equal (bitwise)' if result['equal'] else 'DIFFERENT'}"
+    )
+    cols = ("move", "checkpoint from", "pause ms", "detect", "reconnect", "restore",
+            "re-issue", "calls re-issued")  # fmt: skip
+    console.print(result_table(title, cols, rows))
+    sps, ck = result["steps_per_s"], result["checkpoint"]
+    console.print(
+        f"steps/s without failover {sps['off']:,.0f}, with {sps['on']:,.0f} (medians of "
+        f"{len(sps['runs_on'])} runs of {sps['timed_steps']:,} steps): "
+        f"{result['overhead_pct']:+.1f}% slower; checkpoints every {ck['interval_s']:g} s "
+        f"copy {ck['bytes_per_s'] / 1e3:,.1f} kB/s"
+    )
+    return 0 if result["equal"] else 1
 
 
 def _load(args: argparse.Namespace) -> int:

@@ -159,7 +159,7 @@ async def _calibrate(url: str, backend: str, base_rtt: float, n: int = 2000) -> 
     y = local.zeros(16, "float32")
     for _ in range(n):
         local.axpy(1.0, y, y)
-    trace = local._session.trace  # type: ignore[attr-defined]
+    trace = local._session.trace  # type: ignore[union-attr]
     gap = float(np.median([t.gap_s for t in trace[-n:]]))
     device = float(np.median([t.device_s for t in trace[-n:]]))
     await local.aclose()
@@ -258,7 +258,7 @@ async def _run_real(
                 t = await _timed(fn, gpu, sizes[name])
                 if i:
                     local_times.append(t)
-                trace = list(gpu._session.trace)  # type: ignore[attr-defined]
+                trace = list(gpu._session.trace)  # type: ignore[union-attr]
                 await gpu.aclose()
             local_s = float(np.median(local_times))
             steps = int(sizes[name]["steps"])

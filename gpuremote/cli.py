@@ -207,7 +207,7 @@ def _trace(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         await WORKLOADS[args.workload](gpu)
         seconds = time.perf_counter() - t0
-        trace = list(gpu._session.trace)  # type: ignore[attr-defined]
+        trace = list(gpu._session.trace)  # type: ignore[union-attr]
         await gpu.aclose()
         return seconds, trace
 

@@ -41,6 +41,7 @@ from .clientsession import BUFFER, ClientSession
 from .config import PipelineConfig, resolve_url
 from .connection import open_session, place, placed
 from .errors import ConfigError, LocalProtocolError
+from .failover import FailoverSession, failover_config, open_failover_session
 from .framing import FrameLimits
 from .ops import OPS
 
@@ -263,9 +264,11 @@ class GPU:
     Create with ``await gpuremote.connect(url)`` or ``async with gpuremote.connect(url) as gpu``.
     """
 
-    def __init__(self, session: ClientSession, url: str, device: dict[str, Any]) -> None:
+    def __init__(
+        self, session: ClientSession | FailoverSession, url: str, device: dict[str, Any]
+    ) -> None:
         self._session = session
-        self.url = url
+        self._url = url
         self._device = device
         self._current = 0
         self._kernels_sent: set[int] = set()
@@ -284,8 +287,14 @@ class GPU:
 
     # -- LOCAL queries ---------------------------------------------------------------------
     @property
-    def session(self) -> ClientSession:
-        """The connection layer's session under this GPU (``gpuremote.connection``)."""
+    def url(self) -> str:
+        """The URL of the proxy serving this session (with failover: the current one)."""
+        return self._session.url or self._url
+
+    @property
+    def session(self) -> ClientSession | FailoverSession:
+        """The connection layer's session under this GPU (``gpuremote.connection``; with
+        ``failover``, a ``gpuremote.failover.FailoverSession``)."""
         return self._session
 
     @property
@@ -309,7 +318,8 @@ class GPU:
         return self._current
 
     def stats(self) -> dict[str, Any]:
-        """This session's counters: calls per class, frames, round trips, bytes each way."""
+        """This session's counters: calls per class, frames, round trips, bytes each way
+        (with failover: ``failovers``, ``pause_s``, ``checkpoints``, ``checkpoint_bytes``)."""
         return self._session.counters.as_dict()
 
     # -- helpers ---------------------------------------------------------------------------
@@ -557,8 +567,16 @@ class _Connector:
         self._gpu: GPU | None = None
 
     async def _open(self) -> GPU:
-        (url,), extra = await place(resolve_url(self._url), 1)
-        return await _open_gpu(url, {**self._options, **extra}, self._pipeline, self._limits)
+        target = resolve_url(self._url)
+        options = dict(self._options)
+        failover = failover_config(target, options)
+        if failover is not None:
+            session, info = await open_failover_session(
+                target, failover, pipeline=self._pipeline, limits=self._limits, **options
+            )
+            return GPU(session, session.url, info)
+        (url,), extra = await place(target, 1)
+        return await _open_gpu(url, {**options, **extra}, self._pipeline, self._limits)
 
     def __await__(self) -> Generator[Any, None, GPU]:
         return self._open().__await__()
@@ -657,9 +675,16 @@ def connect(
 
     ``pool://NAME`` is a pool of proxies on Ray (``gpuremote.pool``; this process must be
     attached to the cluster): the session goes to its least-loaded live proxy, and with
-    ``devices=k`` there are ``k`` sessions on ``k`` different proxies (a list of ``GPU``)."""
+    ``devices=k`` there are ``k`` sessions on ``k`` different proxies (a list of ``GPU``).
+
+    ``failover=True`` (a pool) or ``failover=[url, ...]`` (other proxies): the session
+    survives the loss of its proxy: it moves to another, with its arrays (see
+    ``gpuremote.failover``; tuning: ``checkpoint_interval_s``, ``journal_max_bytes``,
+    ``journal_max_calls``, ``failover_timeout_s``)."""
     if devices is None:
         return _Connector(url, pipeline, options, limits)
+    if options.get("failover"):
+        raise ConfigError("failover= takes one session at a time; connect each device alone")
     target = resolve_url(url)
     if placed(target) is None:
         raise ConfigError(f"devices= needs a pool:// URL, not {target!r}")

@@ -20,6 +20,7 @@ import contextlib
 import itertools
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -151,6 +152,11 @@ class ClientSession:
         self.recording: Recording | None = None
         self.notices: deque[Any] = deque(maxlen=64)  # the proxy's latest notices
         self.shutting_down = False
+        #: the URL this session was opened to (``gpuremote.connection.open_session``)
+        self.url = ""
+        #: called once with the error when the session fails (connection lost, no reply in
+        #: time, a bad reply): how a failover session learns that its proxy is gone
+        self.on_fail: Callable[[BaseException], None] | None = None
         conn.set_receiver(self._on_frame, self._on_lost)
 
     # -- handles ---------------------------------------------------------------------------
@@ -328,9 +334,14 @@ class ClientSession:
         self.check_open()
         if self.recording is not None:
             self.recording.refuse(f"{spec.name} (host data sent to the device)")
+        await self.wait(self.start_ack(spec, stream, args, buffer), spec.name)
+
+    def start_ack(
+        self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None = None
+    ) -> asyncio.Future[Result]:
+        """``ack``'s call sent now; returns the future of its acknowledgement."""
         self.counters.calls["async"] += 1
-        fut = self._send_awaited(self._command(spec, stream, args, buffer, ack=True))
-        await self.wait(fut, spec.name)
+        return self._send_awaited(self._command(spec, stream, args, buffer, ack=True))
 
     async def flush(self, wait: bool = False) -> None:
         """Send everything queued; with ``wait``, also wait for it to run and raise any
@@ -366,6 +377,11 @@ class ClientSession:
         if not self.closed:
             self._to_free.append(handle)
             self._free_bytes += nbytes
+
+    def flush_soon(self) -> None:
+        """Send what is queued (frees too) at the loop's next turn (call on the loop)."""
+        if self._flush_scheduled is None and self.config.async_calls and not self.closed:
+            self._flush_scheduled = self._loop.call_soon(self._flush_callback)
 
     def _queue_frees(self) -> None:
         self._free_bytes = 0
@@ -533,7 +549,8 @@ class ClientSession:
             raise RemoteProtocolError(f"unexpected message type {kind}")
 
     def _fail_all(self, exc: BaseException) -> None:
-        if self._error is None:
+        first = self._error is None
+        if first:
             self._error = exc
         pending, self._pending = self._pending, {}
         for fut in pending.values():
@@ -544,6 +561,8 @@ class ClientSession:
                     else ConnectionClosed(str(exc))
                 )
         self.conn.close()
+        if first and self.on_fail is not None and not self._closing:
+            self.on_fail(exc)
 
     # -- closing ---------------------------------------------------------------------------
     async def aclose(self) -> None:

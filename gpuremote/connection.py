@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+from collections.abc import Sequence
 from typing import Any
 
 from .auth import load_secret, proof
@@ -31,8 +32,8 @@ __all__ = ["PLACERS", "open_session", "place", "place_now", "placed"]
 
 _HELLO = CALLS_BY_NAME["hello"]
 
-#: scheme -> the module whose ``place(name, k)`` (async) and ``place_now(name, k)`` answer
-#: ``(urls, secret)`` for ``SCHEME://NAME``; imported on first use
+#: scheme -> the module whose ``place(name, k, exclude)`` (async) and ``place_now(name, k)``
+#: answer ``(urls, secret)`` for ``SCHEME://NAME``; imported on first use
 PLACERS: dict[str, str] = {"pool": "gpuremote.pool.placement"}
 
 
@@ -52,15 +53,17 @@ def _placer(scheme: str) -> Any:
     return importlib.import_module(PLACERS[scheme])
 
 
-async def place(url: str, k: int = 1) -> tuple[list[str], dict[str, Any]]:
-    """The URLs of ``k`` proxies for ``url``, and the options to connect to them with
-    (``url`` itself where it names one proxy, then ``k`` must be 1)."""
+async def place(
+    url: str, k: int = 1, exclude: Sequence[str] = ()
+) -> tuple[list[str], dict[str, Any]]:
+    """The URLs of ``k`` proxies for ``url`` (none of ``exclude``), and the options to connect
+    to them with (``url`` itself where it names one proxy, then ``k`` must be 1)."""
     group = placed(url)
     if group is None:
         if k != 1:
             raise ConfigError(f"devices= needs a URL that names a group of proxies, not {url!r}")
         return [url], {}
-    urls, secret = await _placer(group[0]).place(group[1], k)
+    urls, secret = await _placer(group[0]).place(group[1], k, list(exclude))
     return list(urls), {"secret": secret}
 
 
@@ -105,6 +108,7 @@ async def open_session(
             )
         answer = proof(secret, greeting["nonce"])
     session = ClientSession(conn, cfg)
+    session.url = url
     try:
         info, _ = await asyncio.wait_for(
             session.call(_HELLO, 0, [PROTOCOL_VERSION, answer]), timeout

@@ -12,6 +12,7 @@ __all__ = [
     "CaptureError",
     "ConfigError",
     "ConnectionClosed",
+    "FailoverError",
     "GpuRemoteError",
     "LimitExceeded",
     "LocalProtocolError",
@@ -46,6 +47,11 @@ class AuthenticationError(GpuRemoteError):
 
 class ConnectionClosed(GpuRemoteError):
     """The connection is gone (closed by either side, or lost); pending calls fail with this."""
+
+
+class FailoverError(ConnectionClosed):
+    """A session with ``failover`` lost its proxy and could not move to another one, or could
+    not restore something (the message names what)."""
 
 
 class ProtocolError(GpuRemoteError):

@@ -214,3 +214,86 @@ async def test_bench_load_spreads_over_the_pool(pool: Any) -> None:
     assert {p["url"] for p in per_proxy} == set(pool.urls())
     assert all(p["calls_per_s"] > 0 for p in per_proxy)
     assert [r["alive"] for r in result["pool"]] == [True, True]
+
+
+def _kill_proxy_of(pool: Any, url: str) -> None:
+    """Kill the pool's proxy at ``url`` (Ray restarts it, at another port)."""
+    index = next(r["index"] for r in pool.status() if r["url"] == url)
+    ray.kill(pool.actors[index], no_restart=False)
+
+
+@pytest.fixture(scope="module")
+def failover_pool(ray_address: str) -> Iterator[Any]:
+    p = gr.start_pool(2, name="test-failover", num_gpus=0, backend="numpy")
+    yield p
+    p.stop()
+
+
+def test_a_session_survives_its_proxy_killed_twice(failover_pool: Any) -> None:
+    """The demo's MLP, 400 steps on a pool of two; the session's proxy killed before step
+    200 and again before step 300: the run ends with the uninterrupted run's weights."""
+    from gpuremote.demo import mlp_data, mlp_step
+
+    data = mlp_data()
+
+    async def train(kills: tuple[int, ...], **options: Any) -> tuple[Any, ...]:
+        async with gpuremote.connect("pool://test-failover", **options) as gpu:
+            x, y = gpu.asarray(data["x"]), gpu.asarray(data["y"])
+            w1, w2 = gpu.asarray(data["w1"]), gpu.asarray(data["w2"])
+            losses = []
+            for i in range(400):
+                if i in kills:
+                    _kill_proxy_of(failover_pool, gpu.url)
+                losses.append(float(await mlp_step(gpu, x, y, w1, w2, 2 / y.size, 0.1).get()))
+            return losses, await w1.get(), await w2.get(), gpu.stats()
+
+    ref = gpuremote.run(train(()))
+    got = gpuremote.run(train((200, 300), failover=True))
+    assert got[0] == ref[0]
+    np.testing.assert_array_equal(got[1], ref[1])  # bitwise (NumPy backend)
+    np.testing.assert_array_equal(got[2], ref[2])
+    stats = got[3]
+    assert stats["failovers"] == 2 and len(stats["pause_s"]) == 2
+    assert "failovers" not in ref[3]
+
+
+def test_an_xp_loop_survives_its_proxy_killed(failover_pool: Any) -> None:
+    failover_pool.wait_ready()
+
+    def run(kill_at: int | None, **options: Any) -> tuple[list[float], np.ndarray]:
+        rng = np.random.default_rng(3)
+        dev = xp.connect("pool://test-failover", **options)
+        try:
+            w = xp.asarray(rng.standard_normal((32, 8)).astype(np.float32))
+            x = xp.asarray(rng.standard_normal((64, 32)).astype(np.float32))
+            norms = []
+            for i in range(40):
+                if i == kill_at:
+                    _kill_proxy_of(failover_pool, dev.url)
+                h = xp.maximum(x @ w, 0.0)
+                w = w - 0.01 * xp.matmul(xp.permute_dims(x, (1, 0)), h) / 64
+                norms.append(float(xp.linalg.vector_norm(w)))
+            if kill_at is not None:
+                assert dev.stats()["failovers"] == 1
+            return norms, np.asarray(w)
+        finally:
+            dev.close()
+
+    ref = run(None)
+    got = run(20, failover=True)
+    assert got[0] == ref[0]
+    np.testing.assert_array_equal(got[1], ref[1])
+
+
+async def test_bench_failover_reports_each_move(ray_address: str) -> None:
+    from gpuremote.bench.failover import FailoverBenchConfig, run_failover
+
+    cfg = FailoverBenchConfig(steps=40, kills=(15, 30), timed_steps=50, rounds=1)
+    result = await run_failover(cfg, lambda state: None)
+    assert result["equal"] and result["failovers"] == 2 and result["steps"] == 40
+    assert len(result["pause_s"]) == 2 and all(p > 0 for p in result["pause_s"])
+    for move in result["moves"]:
+        parts = ("detection_s", "reconnect_s", "restore_s", "replay_s")
+        assert move["pause_s"] == pytest.approx(sum(move[k] for k in parts))
+    assert isinstance(result["overhead_pct"], float)
+    assert result["checkpoint"]["bytes_per_s"] >= 0

@@ -222,13 +222,16 @@ class PoolManager:
             out.append(row)
         return out
 
-    async def place(self, k: int = 1) -> tuple[list[str], bytes]:
-        """URLs of ``k`` different live proxies, the least loaded first, and the secret."""
+    async def place(self, k: int = 1, exclude: list[str] | None = None) -> tuple[list[str], bytes]:
+        """URLs of ``k`` different live proxies (none of ``exclude``), the least loaded first,
+        and the secret."""
+        avoid = set(exclude or ())
         async with self._lock:
-            rows = [r for r in await self.status() if r["alive"]]
+            rows = [r for r in await self.status() if r["alive"] and r["url"] not in avoid]
             if len(rows) < k:
+                besides = " besides those excluded" if avoid else ""
                 raise PoolError(
-                    f"pool {self.name!r} has {len(rows)} live proxies; {k} were asked for"
+                    f"pool {self.name!r} has {len(rows)} live proxies{besides}; {k} were asked for"
                 )
             rows.sort(key=lambda r: (r["sessions"] + r["pending"], r["device_bytes"], r["index"]))
             chosen = rows[:k]

@@ -137,11 +137,12 @@ def get_pool(name: str = "gpuremote", *, address: str | None = None) -> Pool:
     return Pool(name, manager)
 
 
-async def place(name: str, k: int = 1) -> tuple[list[str], bytes]:
-    """For ``connect("pool://NAME")``: the URLs of ``k`` proxies of the pool and its secret."""
+async def place(name: str, k: int = 1, exclude: list[str] | None = None) -> tuple[list[str], bytes]:
+    """For ``connect("pool://NAME")``: the URLs of ``k`` proxies of the pool (none of
+    ``exclude``) and its secret."""
     pool = get_pool(name)
     try:
-        urls, secret = await await_ref(pool._manager.place.remote(k))
+        urls, secret = await await_ref(pool._manager.place.remote(k, exclude or []))
     except Exception as exc:
         cause = getattr(exc, "cause", None) or exc
         raise PoolError(str(cause)) from None

@@ -30,6 +30,7 @@ from ..calls import CALLS_BY_NAME, CallSpec
 from ..config import resolve_url
 from ..connection import open_session, place
 from ..errors import ConnectionClosed
+from ..failover import failover_config, open_failover_session
 from ._array import Array
 
 __all__ = ["Device", "default_device", "set_default_device"]
@@ -88,12 +89,17 @@ class Device:
                 target = await self._proxy.start(url or f"inproc://xp-{id(self):x}")
                 extra: dict[str, Any] = {}
             else:
-                (target,), extra = await place(resolve_url(url), 1)
+                target = resolve_url(url)
+                failover = failover_config(target, options)
+                if failover is not None:
+                    fsession, info = await open_failover_session(target, failover, **options)
+                    return fsession.url, fsession, info
+                (target,), extra = await place(target, 1)
             session, info = await open_session(target, **{**options, **extra})
             return target, session, info
 
         try:
-            self.url, self.session, self.info = self._run(open_())
+            self._url, self.session, self.info = self._run(open_())
         except BaseException:
             self._stop_loop()
             raise
@@ -109,6 +115,12 @@ class Device:
         )
         self._order = next(_opened)
         _OPEN.add(self)
+
+    @property
+    def url(self) -> str:
+        """The URL of the proxy serving this device's session (with failover: the current
+        one)."""
+        return self.session.url or self._url
 
     @property
     def backend(self) -> str:

@@ -1,0 +1,183 @@
+"""``gpuremote bench failover``: a session that loses its proxy, on a local pool of two.
+
+On a Ray pool of two proxies (NumPy backend; a local Ray instance unless ``--address``):
+
+- **overhead**: the demo's MLP (``gpuremote.demo``), ``timed_steps`` steps per run, runs
+  with ``failover=True`` and without, interleaved (``rounds`` each): steps/s of each, their
+  medians, and ``overhead_pct`` (how much slower with failover), at the checkpoint interval
+  given (the default's unless ``--checkpoint-interval``); the bytes checkpoints copied per
+  second.
+- **failover**: ``steps`` steps with ``failover=True``, the session's proxy killed
+  (``ray.kill``; Ray restarts it) before each step of ``kills``: the run must finish with the
+  weights of an uninterrupted run, bitwise (``equal``); each move's pause (from the kill to
+  the session going on), broken down into detection, reconnect, restore and re-issue.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["FailoverBenchConfig", "run_failover"]
+
+
+@dataclass
+class FailoverBenchConfig:
+    address: str | None = None  # a Ray cluster's; None: a local instance started here
+    steps: int = 400
+    kills: tuple[int, ...] = (200, 300)
+    timed_steps: int = 2000
+    rounds: int = 3
+    checkpoint_interval_s: float | None = None  # None: the default
+
+
+async def _train(
+    url: str,
+    data: dict[str, np.ndarray[Any, Any]],
+    steps: int,
+    options: dict[str, Any],
+    before_step: Callable[[int, Any], None] | None = None,
+) -> tuple[list[float], list[np.ndarray[Any, Any]], float, dict[str, Any], list[dict[str, Any]]]:
+    """The demo's MLP for ``steps`` steps (one read of the loss each): losses, weights, the
+    steps' seconds, the session's counters and its moves."""
+    import gpuremote
+    from gpuremote.demo import mlp_step
+
+    async with gpuremote.connect(url, **options) as gpu:
+        x, y = gpu.asarray(data["x"]), gpu.asarray(data["y"])
+        w1, w2 = gpu.asarray(data["w1"]), gpu.asarray(data["w2"])
+        scale = 2.0 / data["y"].size
+        await gpu.synchronize()
+        losses = []
+        t0 = time.perf_counter()
+        for i in range(steps):
+            if before_step is not None:
+                before_step(i, gpu)
+            losses.append(float(await mlp_step(gpu, x, y, w1, w2, scale, 0.1).get()))
+        seconds = time.perf_counter() - t0
+        weights = [await w1.get(), await w2.get()]
+        moves = list(getattr(gpu.session, "moves", []))
+        return losses, weights, seconds, gpu.stats(), moves
+
+
+async def run_failover(
+    cfg: FailoverBenchConfig, report: Callable[[dict[str, Any]], None]
+) -> dict[str, Any]:
+    """Run the bench (see the module docstring); returns its figures."""
+    import ray
+
+    import gpuremote.pool as gr
+    from gpuremote.demo import mlp_data
+    from gpuremote.failover import FailoverConfig
+
+    started_ray = False
+    if not ray.is_initialized():
+        if cfg.address:
+            gr.attach(cfg.address)
+        else:
+            ray.init(
+                num_cpus=2,
+                include_dashboard=False,
+                namespace=gr.NAMESPACE,
+                log_to_driver=False,
+                configure_logging=False,
+            )
+            started_ray = True
+    name = f"bench-failover-{time.monotonic_ns():x}"
+    pool = gr.start_pool(2, name=name, num_gpus=0, backend="numpy")
+    url = pool.url
+    on: dict[str, Any] = {"failover": True}
+    if cfg.checkpoint_interval_s is not None:
+        on["checkpoint_interval_s"] = cfg.checkpoint_interval_s
+    data = mlp_data()
+    try:
+        # the overhead: interleaved runs with and without failover, no proxy lost
+        rates: dict[str, list[float]] = {"off": [], "on": []}
+        ckpt_rates, ckpt_counts = [], []
+        for r in range(cfg.rounds):
+            for mode in ("off", "on"):
+                report({"phase": "overhead", "round": r + 1, "mode": mode})
+                *_, seconds, stats, _ = await _train(
+                    url, data, cfg.timed_steps, on if mode == "on" else {}
+                )
+                rates[mode].append(cfg.timed_steps / seconds)
+                if mode == "on":
+                    ckpt_rates.append(stats["checkpoint_bytes"] / seconds)
+                    ckpt_counts.append(stats["checkpoints"] / seconds)
+        off, on_rate = statistics.median(rates["off"]), statistics.median(rates["on"])
+
+        # the failovers: the reference first (uninterrupted), then the run with kills
+        report({"phase": "reference"})
+        ref_losses, ref_weights, *_ = await _train(url, data, cfg.steps, {})
+        kills: list[tuple[float, str]] = []
+
+        def kill(i: int, gpu: Any) -> None:
+            if i not in cfg.kills:
+                return
+            rows = pool.status()
+            index = next(r["index"] for r in rows if r["url"] == gpu.url)
+            report({"phase": "failover", "step": i, "killed": gpu.url})
+            t = time.perf_counter()
+            ray.kill(pool.actors[index], no_restart=False)
+            kills.append((t, gpu.url))
+
+        report({"phase": "failover"})
+        losses, weights, seconds, stats, moves = await _train(url, data, cfg.steps, on, kill)
+        equal = losses == ref_losses and all(
+            np.array_equal(a, b) for a, b in zip(weights, ref_weights, strict=True)
+        )
+        breakdown = []
+        for move in moves:
+            killed = max((t for t, u in kills if u == move["from"]), default=move["detected"])
+            detection = max(0.0, move["detected"] - killed)
+            breakdown.append(
+                {
+                    "from": move["from"],
+                    "to": move["to"],
+                    "from_standby": move["standby"],
+                    "pause_s": detection + move["pause_s"],
+                    "detection_s": detection,
+                    "reconnect_s": move["reconnect_s"],
+                    "restore_s": move["restore_s"],
+                    "replay_s": move["replay_s"],
+                    "replayed_calls": move["replayed_calls"],
+                    "restored_bytes_from_client": move["restored_bytes"],
+                    "cause": move["cause"],
+                }
+            )
+        return {
+            "steps": cfg.steps,
+            "kills_at": list(cfg.kills),
+            "failovers": stats["failovers"],
+            "pause_s": [b["pause_s"] for b in breakdown],
+            "equal": equal,
+            "overhead_pct": 100.0 * (1.0 - on_rate / off),
+            "moves": breakdown,
+            "steps_per_s": {
+                "off": off,
+                "on": on_rate,
+                "runs_off": rates["off"],
+                "runs_on": rates["on"],
+                "timed_steps": cfg.timed_steps,
+            },
+            "checkpoint": {
+                "interval_s": on.get(
+                    "checkpoint_interval_s", FailoverConfig().checkpoint_interval_s
+                ),
+                "bytes_per_s": statistics.median(ckpt_rates),
+                "checkpoints_per_s": statistics.median(ckpt_counts),
+                "failover_run_checkpoints": stats["checkpoints"],
+                "failover_run_bytes": stats["checkpoint_bytes"],
+                "failover_run_bytes_to_client": stats["checkpoint_bytes_to_client"],
+            },
+            "pool": {"proxies": 2, "backend": "numpy", "transport": "tcp"},
+        }
+    finally:
+        pool.stop()
+        if started_ray:
+            ray.shutdown()

@@ -1,0 +1,301 @@
+"""Sessions that survive the loss of their proxy (``connect(..., failover=[...])``), without
+Ray: proxies in this process (closed to lose them) and proxy processes (killed with SIGKILL).
+The pool's case (``failover=True``, ``ray.kill``) is in ``test_pool.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+import gpuremote
+import gpuremote.xp as xp
+from gpuremote.calls import CALLS_BY_NAME
+from gpuremote.demo import mlp_data, mlp_step
+from gpuremote.failover import FailoverError, FailoverSession
+from gpuremote.proxy import Proxy
+from gpuremote.proxyprocess import LocalProxy
+
+_C = CALLS_BY_NAME
+
+
+class _Local:
+    """Proxies in this process, on the test's loop; ``lose(url)`` closes one (its clients'
+    connections drop)."""
+
+    def __init__(self) -> None:
+        self.proxies: dict[str, Proxy] = {}
+
+    async def start(self, n: int, peers: bool = True) -> list[str]:
+        urls = []
+        for _ in range(n):
+            p = Proxy("numpy")
+            urls.append(await p.start("tcp://127.0.0.1:0"))
+            self.proxies[urls[-1]] = p
+        if peers:
+            for p in self.proxies.values():
+                p.set_peers(urls)
+        return urls
+
+    async def lose(self, url: str) -> None:
+        await self.proxies.pop(url).close()
+
+    async def close(self) -> None:
+        for p in self.proxies.values():
+            await p.close()
+
+
+@pytest.fixture
+async def local() -> AsyncIterator[_Local]:
+    proxies = _Local()
+    yield proxies
+    await proxies.close()
+
+
+async def _train(
+    gpu: gpuremote.GPU, steps: int, before: Callable[[int], Any] | None = None
+) -> tuple[list[float], list[np.ndarray[Any, Any]]]:
+    data = mlp_data(batch=32, din=16, hidden=32, dout=8)
+    x, y = gpu.asarray(data["x"]), gpu.asarray(data["y"])
+    w1, w2 = gpu.asarray(data["w1"]), gpu.asarray(data["w2"])
+    losses = []
+    for i in range(steps):
+        if before is not None:
+            await before(i)
+        losses.append(float(await mlp_step(gpu, x, y, w1, w2, 2.0 / y.size, 0.1).get()))
+    return losses, [await w1.get(), await w2.get()]
+
+
+async def test_training_goes_on_after_its_proxy_is_lost_with_the_same_weights(
+    local: _Local, caplog: pytest.LogCaptureFixture
+) -> None:
+    a, b, c = await local.start(3)
+    async with gpuremote.connect(a) as gpu:
+        ref = await _train(gpu, 60)
+
+    async def lose(i: int) -> None:
+        if i in (20, 40):
+            await local.lose(gpu.url)
+
+    caplog.set_level(logging.WARNING, "gpuremote.failover")
+    async with gpuremote.connect(a, failover=[a, b, c], checkpoint_interval_s=0.005) as gpu:
+        got = await _train(gpu, 60, lose)
+        stats = gpu.stats()
+        moves = gpu.session.moves  # type: ignore[union-attr]
+    assert got[0] == ref[0]
+    for w, r in zip(got[1], ref[1], strict=True):
+        np.testing.assert_array_equal(w, r)  # bitwise
+    assert stats["failovers"] == 2 and len(stats["pause_s"]) == 2
+    assert [m["from"] for m in moves] == [a, b] and moves[1]["to"] == c
+    assert all(m["standby"] for m in moves)  # restored from copies made proxy to proxy
+    assert stats["checkpoints"] >= 2 and stats["checkpoint_bytes"] > 0
+    assert "moved from" in caplog.text
+
+
+def test_a_proxy_process_killed_with_sigkill(tmp_path: Any) -> None:
+    """A real loss (the process dies; its connections reset), through xp."""
+    secret = tmp_path / "secret"
+    secret.write_text("s" * 32)
+    extra = ("--secret-file", str(secret), "--quiet")
+    with (
+        LocalProxy("tcp", "numpy", extra_args=extra) as pa,
+        LocalProxy("tcp", "numpy", extra_args=(*extra, "--peer", pa.url)) as pb,
+    ):
+
+        def run(kill_at: int | None, **options: Any) -> tuple[list[float], np.ndarray]:
+            rng = np.random.default_rng(1)
+            dev = xp.connect(pa.url, secret="s" * 32, **options)
+            try:
+                w = xp.asarray(rng.standard_normal((16, 4)).astype(np.float32))
+                x = xp.asarray(rng.standard_normal((32, 16)).astype(np.float32))
+                sums = []
+                for i in range(30):
+                    if i == kill_at:
+                        os.kill(pa.pid, signal.SIGKILL)
+                    y = xp.tanh(x @ w)
+                    w = w - 0.1 * (xp.permute_dims(x, (1, 0)) @ y) / 32.0
+                    sums.append(float(xp.sum(y * y)))
+                return sums, np.asarray(w)
+            finally:
+                stats = dev.stats()
+                dev.close()
+                if kill_at is not None:
+                    assert stats["failovers"] == 1
+                    assert dev.session.moves[0]["standby"]  # type: ignore[union-attr]
+
+        ref = run(None)
+        got = run(15, failover=[pa.url, pb.url], checkpoint_interval_s=0.005)
+    assert got[0] == ref[0]
+    np.testing.assert_array_equal(got[1], ref[1])
+
+
+async def test_a_deferred_error_is_raised_once_across_a_move(local: _Local) -> None:
+    a, b = await local.start(2)
+    async with gpuremote.connect(a, failover=[a, b]) as gpu:
+        x = gpu.asarray(np.arange(8, dtype=np.float32))
+        await gpu.synchronize()
+        gpu.session.submit(_C["free"], 0, [987654])  # fails on the proxy: deferred
+        await local.lose(a)  # lost before any sync: the error is raised after the move
+        with pytest.raises(gpuremote.RemoteCallError, match="unknown buffer handle"):
+            await gpu.synchronize()
+        await gpu.synchronize()  # once
+        np.testing.assert_array_equal(await (x + 1.0).get(), np.arange(8) + 1.0)
+    assert gpu.stats()["failovers"] == 1
+
+
+async def test_an_error_raised_before_the_move_is_not_raised_again(local: _Local) -> None:
+    a, b = await local.start(2)
+    async with gpuremote.connect(a, failover=[a, b], checkpoint_interval_s=3600) as gpu:
+        x = gpu.asarray(np.arange(8, dtype=np.float32))
+        await gpu.synchronize()  # the first checkpoint (always taken at once)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        gpu.session.submit(_C["free"], 0, [987654])
+        with pytest.raises(gpuremote.RemoteCallError):
+            await gpu.synchronize()
+        y = x * 2.0
+        await local.lose(a)
+        await gpu.synchronize()  # the journal re-ran the failing free: not raised again
+        np.testing.assert_array_equal(await y.get(), np.arange(8) * 2.0)
+        assert gpu.stats()["failovers"] == 1
+
+
+async def test_a_read_in_flight_is_answered_by_the_next_proxy(local: _Local) -> None:
+    a, b = await local.start(2)
+    async with gpuremote.connect(a, failover=[a, b]) as gpu:
+        x = gpu.asarray(np.arange(1 << 16, dtype=np.float32))
+        ys = [x * float(i) for i in range(8)]
+        reads = [asyncio.ensure_future(y.get()) for y in ys]
+        await asyncio.sleep(0)
+        await local.lose(a)
+        for i, r in enumerate(reads):
+            np.testing.assert_array_equal(await r, np.arange(1 << 16) * float(i))
+        assert gpu.stats()["failovers"] == 1
+
+
+async def test_streams_events_and_captured_steps_are_recreated(local: _Local) -> None:
+    a, b = await local.start(2)
+    async with gpuremote.connect(a, failover=[a, b], checkpoint_interval_s=0.001) as gpu:
+        s, ev = gpu.stream(), gpu.event()
+        w = gpu.asarray(np.ones(16, dtype=np.float32))
+
+        def step(w: Any) -> Any:
+            gpu.axpy(0.5, gpu.multiply(w, 2.0), w)
+            return gpu.sum(w)
+
+        run = gpu.capture(step)
+        with gpu.use_stream(s):
+            for _ in range(3):
+                run(w)
+        ev.record(s)
+        await s.synchronize()
+        for _ in range(5):  # checkpoints are taken meanwhile
+            await gpu.synchronize()
+        await local.lose(a)
+        with gpu.use_stream(s):
+            total = run(w)  # the recorded step, the stream: both on the new proxy
+        gpu.stream().wait_event(ev)
+        await s.synchronize()
+        assert float(await total.get()) == 16 * 2.0**4
+        assert run.stats()["replays"] == 3 and gpu.stats()["failovers"] == 1
+
+
+async def test_checkpoints_go_through_the_client_without_a_peer_and_skip_uploads(
+    local: _Local,
+) -> None:
+    a, b = await local.start(2, peers=False)
+    async with gpuremote.connect(a, failover=[a, b], checkpoint_interval_s=0.001) as gpu:
+        big = gpu.asarray(np.ones(1 << 18, dtype=np.float32))  # 1 MiB, never written again
+        w = gpu.asarray(np.zeros(1024, dtype=np.float32))
+        for _ in range(20):
+            gpu.axpy(1.0, gpu.asarray(np.ones(1024, dtype=np.float32)), w)
+            await gpu.synchronize()
+        stats = gpu.stats()
+        assert stats["checkpoints"] >= 2
+        assert stats["checkpoint_bytes_to_client"] == stats["checkpoint_bytes"] > 0
+        assert stats["checkpoint_bytes"] < stats["checkpoints"] * 3 * 4096  # never the 1 MiB
+        await local.lose(a)
+        np.testing.assert_array_equal(await w.get(), 20.0)
+        assert float(await gpu.sum(big).get()) == 1 << 18
+        move = gpu.session.moves[0]  # type: ignore[union-attr]
+        assert not move["standby"] and move["restored_bytes"] >= (1 << 20)
+
+
+async def test_the_journal_bound_takes_a_checkpoint(local: _Local) -> None:
+    a, b = await local.start(2)
+    options = {"checkpoint_interval_s": 3600, "journal_max_calls": 200}
+    async with gpuremote.connect(a, failover=[a, b], **options) as gpu:
+        w = gpu.asarray(np.zeros(64, dtype=np.float32))
+        session = gpu.session
+        assert isinstance(session, FailoverSession)
+        longest = 0
+        for i in range(60):
+            for _ in range(50):
+                gpu.axpy(1.0, w, w) if i % 2 else gpu.launch("negative", [w], [w])
+            await gpu.synchronize()
+            await asyncio.sleep(0.002)  # a checkpoint's copies go on meanwhile
+            longest = max(longest, len(session._journal))
+        assert gpu.stats()["checkpoints"] >= 3  # the interval (an hour) did not take them
+        assert longest < 600  # 3,000 calls went by: checkpoints cut the journal
+
+
+async def test_with_no_proxy_left_the_session_fails_naming_why(local: _Local) -> None:
+    a, b = await local.start(2)
+    gpu = await gpuremote.connect(a, failover=[a, b], failover_timeout_s=0.5)
+    x = gpu.asarray(np.ones(4, dtype=np.float32))
+    await gpu.synchronize()
+    await local.lose(b)  # the standby first, then the session's own
+    await local.lose(a)
+    with pytest.raises(FailoverError, match=r"no proxy|standby"):
+        await (x * 2.0).get()
+    with pytest.raises(gpuremote.ConnectionClosed):  # FailoverError is one
+        await gpu.synchronize()
+    await gpu.aclose()
+
+
+async def test_failover_options_are_checked(local: _Local) -> None:
+    (a,) = await local.start(1)
+    with pytest.raises(gpuremote.ConfigError, match="pool://"):
+        await gpuremote.connect(a, failover=True)
+    with pytest.raises(gpuremote.ConfigError, match="need failover"):
+        await gpuremote.connect(a, checkpoint_interval_s=1.0)
+    with pytest.raises(gpuremote.ConfigError, match="positive"):
+        await gpuremote.connect(a, failover=[a], checkpoint_interval_s=0)
+    async with gpuremote.connect(a) as gpu:  # without failover: today's session
+        assert not isinstance(gpu.session, FailoverSession)
+        assert "failovers" not in gpu.stats()
+
+
+def test_a_proxy_that_stops_answering_is_left_after_call_timeout_s(tmp_path: Any) -> None:
+    """No reply within ``call_timeout_s`` (the process is stopped, its connections open)."""
+    secret = "t" * 32
+    (tmp_path / "secret").write_text(secret)
+    extra = ("--secret-file", str(tmp_path / "secret"), "--quiet")
+    with (
+        LocalProxy("tcp", "numpy", extra_args=extra) as pa,
+        LocalProxy("tcp", "numpy", extra_args=(*extra, "--peer", pa.url)) as pb,
+    ):
+
+        async def scenario() -> None:
+            options = {"secret": secret, "call_timeout_s": 0.5, "checkpoint_interval_s": 0.01}
+            async with gpuremote.connect(pa.url, failover=[pa.url, pb.url], **options) as gpu:
+                w = gpu.asarray(np.zeros(256, dtype=np.float32))
+                for _ in range(5):
+                    gpu.axpy(1.0, gpu.full((256,), 1.0), w)
+                    await gpu.synchronize()
+                os.kill(pa.pid, signal.SIGSTOP)
+                try:
+                    gpu.axpy(1.0, gpu.full((256,), 1.0), w)
+                    np.testing.assert_array_equal(await w.get(), 6.0)
+                finally:
+                    os.kill(pa.pid, signal.SIGCONT)
+                assert gpu.url == pb.url and gpu.stats()["failovers"] == 1
+                assert "no reply" in gpu.session.moves[0]["cause"]  # type: ignore[union-attr]
+
+        gpuremote.run(scenario())
