@@ -100,6 +100,9 @@ _ENDS = {
 _CK_BASE = 1 << 62
 #: how long a standby is not looked for again after none could be had
 _STANDBY_RETRY_S = 1.0
+#: exports a proxy holds for one session at a time (``peers.MAX_TICKETS_PER_SESSION``): a
+#: checkpoint of more buffers copies them aside first, then exports them in waves of this many
+_TICKETS = 16
 
 
 # -- configuration ----------------------------------------------------------------------------
@@ -287,6 +290,7 @@ class FailoverSession:
         self._host: dict[int, memoryview] = {}  # buffers whose last write was an upload
         self._res: dict[tuple[str, int], bytes] = {}  # streams, events, kernels, steps
         self._step_results: dict[int, list[int]] = {}  # recorded step -> its results' bytes
+        self._step_writes: dict[int, list[int]] = {}  # recorded step -> session buffers it writes
         self._dynamic = 0  # launch_dynamic calls not answered yet (their outputs unknown)
         # the standby: a session on another proxy holding the checkpoint's copies
         self._standby: ClientSession | None = None
@@ -296,6 +300,7 @@ class FailoverSession:
         self._ckpt_task: asyncio.Task[None] | None = None
         self._ckpt_last = time.monotonic()
         self._ckpt_due = True  # the first checkpoint as soon as there is something to keep
+        self._via_client = False  # the next checkpoint reads through the client (one-shot)
         self._recovery: asyncio.Task[None] | None = None
         self._epoch = 0
         self._dead: set[str] = set()
@@ -437,7 +442,7 @@ class FailoverSession:
                     )
             except (ConnectionClosed, RemoteProtocolError):
                 entry = self._awaited.pop(fut, None)
-                if entry is None or self._error is not None:
+                if entry is None or self._error is not None or self._closing:
                     raise
                 fut = entry.future(self._loop)  # answered after the move
 
@@ -520,21 +525,23 @@ class FailoverSession:
             return
         if self._released and self._error is None:
             self._flush_released()
+        self._closing = True
         for task in (self._ckpt_task, self._recovery):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
-        self._closing = True
         for s in (self._inner, self._standby):
             if s is not None:
                 s.on_fail = None
                 with contextlib.suppress(Exception):
                     await s.aclose()
         for entry in self._journal:
-            if isinstance(entry, _Waited) and entry.outer is not None and not entry.outer.done():
-                entry.outer.set_exception(ConnectionClosed("the session was closed"))
-                entry.outer.add_done_callback(_quiet)
+            if isinstance(entry, _Waited) and not entry.done:
+                outer = entry.future(self._loop)
+                if not outer.done():
+                    outer.set_exception(ConnectionClosed("the session was closed"))
+                    outer.add_done_callback(_quiet)
         self._journal.clear()
 
     # -- what the journal changes -----------------------------------------------------------------
@@ -597,6 +604,8 @@ class FailoverSession:
         elif spec is _REPLAY:
             for w in args[1]:  # a step may write its arguments
                 self._write(w[0])
+            for h in self._step_writes.get(args[0], ()):  # and arrays it closes over
+                self._write(h)
             sizes = self._step_results.get(args[0], [])
             for h, n in zip(args[2], sizes, strict=False):
                 self._live[h] = n
@@ -606,8 +615,13 @@ class FailoverSession:
             self._res[(kind, args[0])] = packed
             if kind == "step":
                 self._step_results[args[0]] = _step_sizes(args[1])
+                self._step_writes[args[0]] = _step_writes(args[1])
         elif spec.opcode in _ENDS:
-            self._res.pop((_ENDS[spec.opcode], args[0]), None)
+            kind = _ENDS[spec.opcode]
+            self._res.pop((kind, args[0]), None)
+            if kind == "step":
+                self._step_results.pop(args[0], None)
+                self._step_writes.pop(args[0], None)
 
     # -- replies ------------------------------------------------------------------------------
     def _chain(self, entry: _Waited, fut: asyncio.Future[Any]) -> None:
@@ -615,7 +629,11 @@ class FailoverSession:
         lost first: then the call is re-issued by the move."""
 
         def done(f: asyncio.Future[Any]) -> None:
-            if f.cancelled():
+            if f.cancelled():  # its waiter gave up: the proxy ran it, the answer is unknown
+                self._awaited.pop(f, None)
+                if not entry.done and entry.spec is _DYNAMIC:
+                    self._dynamic -= 1
+                entry.done = True
                 return
             exc = f.exception()
             if exc is not None and _is_loss(exc):
@@ -664,7 +682,12 @@ class FailoverSession:
 
     # -- checkpoints ---------------------------------------------------------------------------
     def _maybe_checkpoint(self) -> None:
-        if self._ckpt_task is not None or self._inner is None or self._closing:
+        if (
+            self._ckpt_task is not None
+            or self._inner is None
+            or self._closing
+            or self._recovery is not None
+        ):
             return
         if not self._journal and not self._ckpt_due:
             return
@@ -708,11 +731,22 @@ class FailoverSession:
         """Copy every buffer written since the last checkpoint (see the module docstring)."""
         epoch = self._epoch
         snapshot: tuple[dict[int, int], set[int], dict[int, memoryview]] | None = None
+        made: list[int] = []  # this checkpoint's copies on the standby
+        aside: list[int] = []  # its copies on the session's own proxy (many buffers)
+        inner = standby = None
         try:
             standby = await self._ensure_standby()
             inner = self._inner
-            if epoch != self._epoch or inner is None or self._closing or self._dynamic:
+            if (
+                epoch != self._epoch
+                or inner is None
+                or self._closing
+                or self._dynamic
+                or self._recovery is not None
+            ):
                 return
+            if self._via_client:
+                self._via_client, standby = False, None
             if self._released:
                 self._flush_released()
             # the state at this point of the journal; what comes after is tracked apart
@@ -725,12 +759,19 @@ class FailoverSession:
             # written since the last checkpoint, or whose copy was lost (with a standby, or
             # taken over by a move), and not known to the client from its upload
             move = sorted(h for h in live if h not in host and (h in dirty or h not in base))
+            calls: list[asyncio.Future[Any]] = []
             try:
                 sync = inner.start_call(_SYNC, 0, [])
-                calls = [
-                    inner.start_call(_EXPORT if standby else _D2H, 0, [_u8(h, live[h])])
-                    for h in move
-                ]
+                if standby is None:
+                    calls = [inner.start_call(_D2H, 0, [_u8(h, live[h])]) for h in move]
+                elif len(move) <= _TICKETS:
+                    calls = [inner.start_call(_EXPORT, 0, [_u8(h, live[h])]) for h in move]
+                else:  # copied aside at this point, exported in waves below
+                    for h in move:
+                        a = next(self._ck_handles)
+                        inner.submit(_ALLOC, 0, [a, live[h]])
+                        inner.submit(_D2D, 0, [_u8(a, live[h]), _u8(h, live[h])])
+                        aside.append(a)
             except LocalProtocolError as exc:  # the application's unsent call: its error
                 self._stash.append(exc)
                 return
@@ -747,27 +788,35 @@ class FailoverSession:
                 return
             except GpuRemoteError:
                 return
-            replies = await asyncio.gather(*calls, return_exceptions=True)
-            if epoch != self._epoch:
-                return
-            if any(_is_loss(r) for r in replies if isinstance(r, BaseException)):
-                return
-            # a buffer the proxy does not have (its making call failed): not kept either
-            done = []
-            for h, r in zip(move, replies, strict=True):
-                if isinstance(r, BaseException):
-                    live.pop(h)
-                else:
-                    done.append((h, r))
             sources: dict[int, tuple[str, Any]] = {}
-            moved = sum(live[h] for h, _ in done)
-            if standby is None:
-                for h, (value, bufs) in done:
-                    sources[h] = ("host", bufs[value])
-                self.counters.checkpoint_bytes_to_client += moved
-            elif not await self._to_standby(standby, done, sources, inner.url, live):
-                return
-            if epoch != self._epoch or self._inner is not inner:
+            if aside:
+                assert standby is not None
+                if not await self._in_waves(inner, standby, move, aside, live, sources, made):
+                    return
+            else:
+                replies = await asyncio.gather(*calls, return_exceptions=True)
+                if epoch != self._epoch:
+                    return
+                done = []
+                for h, r in zip(move, replies, strict=True):
+                    if not isinstance(r, BaseException):
+                        done.append((h, r))
+                    elif _never_made(r):  # its making call failed: the proxy has no such
+                        live.pop(h)  # buffer, nor will any other
+                        self._live.pop(h, None)
+                    else:
+                        log.info("failover: a checkpoint did not complete (%s)", r)
+                        return
+                if standby is None:
+                    for h, (value, bufs) in done:
+                        sources[h] = ("host", bufs[value])
+                elif not await self._to_standby(standby, done, sources, inner.url, live, made):
+                    return
+            if (
+                epoch != self._epoch
+                or self._inner is not inner
+                or (standby is not None and standby is not self._standby)
+            ):
                 return
             if any(
                 isinstance(e, _Waited) and not e.done and not e.deferred
@@ -775,10 +824,21 @@ class FailoverSession:
             ):
                 return  # an earlier call is not answered yet: the next checkpoint
             self._commit(upto, live, host, res, sources)
-            snapshot = None
+            made, snapshot = [], None
+            moved = sum(live[h] for h in sources)
             self.counters.checkpoints += 1
             self.counters.checkpoint_bytes += moved
+            if standby is None:
+                self.counters.checkpoint_bytes_to_client += moved
         finally:
+            if aside and inner is not None and inner is self._inner:
+                for a in aside:  # exported (the tickets hold copies) or abandoned
+                    inner.defer_free(a)
+                inner.flush_soon()
+            for ck in made:  # an abandoned checkpoint's copies on the standby
+                self._ck_pending.discard(ck)
+                if standby is not None and standby is self._standby:
+                    standby.release(ck)
             if snapshot is not None:  # not taken: what it held is still to keep
                 live, dirty, host = snapshot
                 now = self._dirty
@@ -789,6 +849,45 @@ class FailoverSession:
             self._ckpt_task = None
             self._ckpt_last = time.monotonic()
 
+    async def _in_waves(
+        self,
+        inner: ClientSession,
+        standby: ClientSession,
+        move: list[int],
+        aside: list[int],
+        live: dict[int, int],
+        sources: dict[int, tuple[str, Any]],
+        made: list[int],
+    ) -> bool:
+        """Export the copies set aside and import them on the standby, ``_TICKETS`` at a
+        time; False if not all went."""
+        epoch = self._epoch
+        for i in range(0, len(move), _TICKETS):
+            at = len(self._journal)
+            wave = list(zip(move[i : i + _TICKETS], aside[i : i + _TICKETS], strict=True))
+            try:
+                futs = [inner.start_call(_EXPORT, 0, [_u8(a, live[h])]) for h, a in wave]
+            except GpuRemoteError:
+                return False
+            replies = await asyncio.gather(*futs, return_exceptions=True)
+            if epoch != self._epoch:
+                return False
+            for r in replies:
+                if not isinstance(r, BaseException):
+                    continue
+                if isinstance(r, RemoteCallError) and r.deferred:
+                    if r.call in ("alloc", "copy_d2d"):  # a copy aside failed (a buffer the
+                        self._via_client = True  # proxy lacks?): the next one finds out
+                    else:  # the application's error, taken here: raised at its next sync
+                        self._mark_taken(at)
+                        self._stash.append(r)
+                log.info("failover: a checkpoint did not complete (%s)", r)
+                return False
+            done = [(h, r) for (h, _), r in zip(wave, replies, strict=True)]
+            if not await self._to_standby(standby, done, sources, inner.url, live, made):
+                return False
+        return True
+
     async def _to_standby(
         self,
         standby: ClientSession,
@@ -796,11 +895,11 @@ class FailoverSession:
         sources: dict[int, tuple[str, Any]],
         url: str,
         live: dict[int, int],
+        made: list[int],
     ) -> bool:
         """Copy the exported buffers onto the standby (proxy to proxy); False if not all
         could be (the standby is then let go where it cannot reach this proxy)."""
         futs = []
-        made = []
         try:
             for h, (ticket, _) in done:
                 ck = next(self._ck_handles)
@@ -816,10 +915,6 @@ class FailoverSession:
         bad = [r for r in results if isinstance(r, BaseException)]
         if not bad:
             return True
-        for ck in made:  # this checkpoint's copies: let go
-            self._ck_pending.discard(ck)
-            if standby is self._standby:
-                standby.release(ck)
         if any(isinstance(r, RemoteCallError) and r.kind == PeerUnreachable.__name__ for r in bad):
             log.warning(
                 "failover: the standby at %s cannot read from %s (%s); checkpoints go through "
@@ -904,6 +999,8 @@ class FailoverSession:
                 session, on_standby = await self._reconnect()
                 try:
                     await self._move_to(session, on_standby, move)
+                    if session.closed:  # lost as soon as moved to (on_fail came meanwhile)
+                        raise ConnectionClosed(f"{session.url} was lost as the session moved")
                     break
                 except (ConnectionClosed, RemoteProtocolError) as exc:
                     # lost that one too before the move was done: another, if the
@@ -913,6 +1010,8 @@ class FailoverSession:
                     self._inner = None
                     session.on_fail = None
                     self._epoch += 1
+        except asyncio.CancelledError:
+            raise  # the session is being closed
         except BaseException as exc:
             err = (
                 exc
@@ -936,8 +1035,6 @@ class FailoverSession:
             return
         finally:
             self._recovery = None
-        self.moves.append(move)
-        self.counters.failovers += 1
         self.counters.pause_s.append(move["pause_s"])
         self.counters.journal_calls = len(self._journal)
         log.warning(
@@ -964,11 +1061,18 @@ class FailoverSession:
         move["reconnect_s"] = t1 - detected
         self._hook(session)
         move["standby"] = on_standby  # the checkpoint's copies were there already
+        # the application's calls are journaled meanwhile: re-issued below
+        with contextlib.suppress(RemoteCallError):  # a standby's own failed copy, if any
+            await session.start_call(_SYNC, 0, [])
         move["restored_bytes"] = self._restore(session, on_standby)
-        try:  # the application's calls are journaled meanwhile: re-issued below
+        try:
             await session.start_call(_SYNC, 0, [])
         except RemoteCallError as exc:
             raise FailoverError(f"restoring the session on {session.url} failed: {exc}") from None
+        for packed in self._res_base.values():  # streams, events, kernels, recorded steps
+            session.submit(*_unpack(packed), None)
+        with contextlib.suppress(RemoteCallError):  # a creation that failed before (its error
+            await session.start_call(_SYNC, 0, [])  # was raised then) fails again: not raised
         t2 = time.perf_counter()
         move["restore_s"] = t2 - t1
         move["replayed_calls"] = self._replay(session)
@@ -976,6 +1080,9 @@ class FailoverSession:
         probe = session.start_call(_SYNC, 0, [])
         self._inner = session  # from here on, calls go to it (after the journal)
         self.url = move["to"] = session.url
+        if not any(m is move for m in self.moves):  # moved (counted once, even if retried)
+            self.moves.append(move)
+            self.counters.failovers += 1
         try:
             await probe
         except RemoteCallError as exc:
@@ -990,10 +1097,15 @@ class FailoverSession:
         """The session to move to, and whether it holds the checkpoint's copies already (the
         standby). Waits for a proxy up to ``failover_timeout_s``."""
         standby = self._standby
+        if not self._base_complete:
+            raise FailoverError(
+                "the session's checkpoint was on a standby proxy that is gone too; "
+                "its arrays cannot be restored"
+            )
         if standby is not None and not standby.closed:
             self._standby = None
             return standby, True
-        if not self._base_complete or any(src[0] == "ck" for _, src in self._base.values()):
+        if any(src[0] == "ck" for _, src in self._base.values()):
             raise FailoverError(
                 "the session's checkpoint was on a standby proxy that is gone too; "
                 "its arrays cannot be restored"
@@ -1019,14 +1131,12 @@ class FailoverSession:
         )
 
     def _restore(self, session: ClientSession, on_standby: bool) -> int:
-        """Re-create the checkpoint's resources and buffers on ``session``; bytes sent."""
+        """Re-create the checkpoint's buffers on ``session``; the bytes sent from here."""
         sent = 0
         if on_standby:
             for ck in self._ck_pending:  # copies of a checkpoint that did not complete
                 session.defer_free(ck)
             self._ck_pending.clear()
-        for packed in self._res_base.values():
-            session.submit(*_unpack(packed), None)
         lost = False
         for h, (n, src) in self._base.items():
             session.submit(_ALLOC, 0, [h, n])
@@ -1108,6 +1218,39 @@ def _step_sizes(program: list[Any]) -> list[int]:
                 if w[1] == 0:
                     sizes.setdefault(w[0], _nbytes(w))
     return [sizes.get(h, 0) for h in results]
+
+
+def _step_writes(program: list[Any]) -> list[int]:
+    """The buffers a recorded step writes that are neither its arguments nor its own (the
+    session's arrays it closes over): written at each replay."""
+    arrays, commands, slots, _ = program
+    created: set[int] = set()
+    written: set[int] = set()
+    for opcode, _, args in commands:
+        spec = CALLS_BY_OPCODE.get(opcode)
+        if spec is _ALLOC:
+            created.add(args[0])
+        elif spec is _LAUNCH_NEW:
+            created.update(arrays[i][0] for i in args[2])
+        elif spec is _LAUNCH:
+            written.update(arrays[i][0] for i in args[2])
+        elif spec is _D2D:
+            written.add(arrays[args[0]][0])
+        elif spec is _MEMSET:
+            written.add(args[0])
+        elif spec is _KERNEL_LAUNCH:
+            written.update(arrays[k[1]][0] for k in args[1] if k[0] == "a")
+    return sorted(written - created - {arrays[i][0] for i in slots})
+
+
+def _never_made(exc: BaseException) -> bool:
+    """Whether a checkpoint's read of a buffer failed because the proxy has no such buffer
+    (the call that was to make it failed, and its error was the application's)."""
+    return (
+        isinstance(exc, RemoteCallError)
+        and not exc.deferred
+        and "unknown buffer handle" in exc.message
+    )
 
 
 def _entry_bytes(e: Any) -> int:

@@ -283,12 +283,18 @@ def test_a_proxy_that_stops_answering_is_left_after_call_timeout_s(tmp_path: Any
     ):
 
         async def scenario() -> None:
-            options = {"secret": secret, "call_timeout_s": 0.5, "checkpoint_interval_s": 0.01}
+            # one checkpoint, done before the proxy hangs (a checkpoint in flight would hold
+            # the standby until the proxies' peer deadline: docs/failover.md)
+            options = {"secret": secret, "call_timeout_s": 0.5, "checkpoint_interval_s": 3600}
             async with gpuremote.connect(pa.url, failover=[pa.url, pb.url], **options) as gpu:
                 w = gpu.asarray(np.zeros(256, dtype=np.float32))
                 for _ in range(5):
                     gpu.axpy(1.0, gpu.full((256,), 1.0), w)
                     await gpu.synchronize()
+                session = gpu.session
+                assert isinstance(session, FailoverSession)
+                while session._ckpt_task is not None or not gpu.stats()["checkpoints"]:
+                    await asyncio.sleep(0.01)
                 os.kill(pa.pid, signal.SIGSTOP)
                 try:
                     gpu.axpy(1.0, gpu.full((256,), 1.0), w)
@@ -299,3 +305,75 @@ def test_a_proxy_that_stops_answering_is_left_after_call_timeout_s(tmp_path: Any
                 assert "no reply" in gpu.session.moves[0]["cause"]  # type: ignore[union-attr]
 
         gpuremote.run(scenario())
+
+
+async def test_more_buffers_than_a_proxy_exports_at_once(local: _Local) -> None:
+    """A proxy holds 16 exports per session: a checkpoint of more goes in waves, from copies
+    set aside at one point of the session's order."""
+    a, b = await local.start(2)
+    async with gpuremote.connect(a, failover=[a, b], checkpoint_interval_s=0.001) as gpu:
+        xs = [gpu.full((64,), float(i)) for i in range(40)]
+        for _ in range(3):
+            for x in xs:
+                gpu.axpy(1.0, x, x)
+            await gpu.synchronize()
+            await asyncio.sleep(0.01)
+        while gpu.stats()["checkpoints"] < 3:
+            await gpu.synchronize()
+            await asyncio.sleep(0.01)
+        assert gpu.stats()["checkpoint_bytes_to_client"] == 0  # all to the standby
+        await local.lose(a)
+        for i, x in enumerate(xs):
+            np.testing.assert_array_equal(await x.get(), 8.0 * i)
+        assert gpu.session.moves[0]["standby"]  # type: ignore[union-attr]
+
+
+async def test_a_step_that_writes_an_array_it_closes_over(local: _Local) -> None:
+    a, b = await local.start(2)
+    async with gpuremote.connect(a, failover=[a, b], checkpoint_interval_s=0.001) as gpu:
+        w = gpu.asarray(np.ones(32, dtype=np.float32))  # an upload: its bytes are the client's
+
+        def step(x: Any) -> None:
+            gpu.axpy(1.0, x, w)  # w is not an argument
+
+        run = gpu.capture(step)
+        x = gpu.asarray(np.ones(32, dtype=np.float32))
+        for _ in range(5):
+            run(x)
+            await gpu.synchronize()
+            await asyncio.sleep(0.005)  # checkpoints after the replays
+        await local.lose(a)
+        np.testing.assert_array_equal(await w.get(), 6.0)
+
+
+async def test_a_cancelled_wait_does_not_stop_checkpoints(local: _Local) -> None:
+    a, b = await local.start(2)
+    async with gpuremote.connect(a, failover=[a, b], checkpoint_interval_s=0.001) as gpu:
+        x = gpu.asarray(np.arange(1 << 20, dtype=np.float32))
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for((x * 2.0).get(), 1e-6)
+        before = gpu.stats()["checkpoints"]
+        for _ in range(20):
+            gpu.axpy(1.0, x, x)
+            await gpu.synchronize()
+            await asyncio.sleep(0.005)
+        assert gpu.stats()["checkpoints"] > before
+        await local.lose(a)
+        np.testing.assert_array_equal(await x.get(), np.arange(1 << 20) * 2.0**20)
+
+
+async def test_a_buffer_whose_making_failed_does_not_block_checkpoints(local: _Local) -> None:
+    a, b = await local.start(2, peers=False)
+    async with gpuremote.connect(a, failover=[a, b], checkpoint_interval_s=0.001) as gpu:
+        w = gpu.full((16,), 1.0)
+        gpu.session.submit(_C["alloc"], 0, [gpu.session.new_handle(), 1 << 60])  # refused
+        with pytest.raises(gpuremote.RemoteCallError, match="alloc failed"):
+            await gpu.synchronize()
+        before = gpu.stats()["checkpoints"]
+        for _ in range(10):
+            gpu.axpy(1.0, w, w)
+            await gpu.synchronize()
+            await asyncio.sleep(0.005)
+        assert gpu.stats()["checkpoints"] > before
+        await local.lose(a)
+        np.testing.assert_array_equal(await w.get(), 2.0**10)
