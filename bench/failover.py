@@ -3,7 +3,7 @@
 On a Ray pool of two proxies (NumPy backend; a local Ray instance unless ``--address``):
 
 - **overhead**: the demo's MLP (``gpuremote.demo``), ``timed_steps`` steps per run, runs
-  with ``failover=True`` and without, interleaved (``rounds`` each): steps/s of each, their
+  with ``failover=True`` and without, interleaved A B B A (``rounds`` each): steps/s of each, their
   medians, and ``overhead_pct`` (how much slower with failover), at the checkpoint interval
   given (the default's unless ``--checkpoint-interval``); the bytes checkpoints copied per
   second.
@@ -32,7 +32,7 @@ class FailoverBenchConfig:
     steps: int = 400
     kills: tuple[int, ...] = (200, 300)
     timed_steps: int = 2000
-    rounds: int = 3
+    rounds: int = 5
     checkpoint_interval_s: float | None = None  # None: the default
 
 
@@ -100,7 +100,7 @@ async def run_failover(
         rates: dict[str, list[float]] = {"off": [], "on": []}
         ckpt_rates, ckpt_counts = [], []
         for r in range(cfg.rounds):
-            for mode in ("off", "on"):
+            for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):  # A B B A: drift cancels
                 report({"phase": "overhead", "round": r + 1, "mode": mode})
                 *_, seconds, stats, _ = await _train(
                     url, data, cfg.timed_steps, on if mode == "on" else {}

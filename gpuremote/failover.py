@@ -174,7 +174,18 @@ class _Waited:
     """A journaled call that is answered (SYNC, or ASYNC with ``ack``): its outer future is
     the one the front end waits for, whichever proxy answers."""
 
-    __slots__ = ("ack", "args", "buffer", "deferred", "done", "outer", "spec", "stream", "value")
+    __slots__ = (
+        "ack",
+        "args",
+        "buffer",
+        "deferred",
+        "done",
+        "outer",
+        "spec",
+        "stashed",
+        "stream",
+        "value",
+    )
 
     def __init__(
         self,
@@ -194,6 +205,7 @@ class _Waited:
         self.done = False  # answered by a proxy
         self.deferred = False  # answered with a deferred error (it did not run)
         self.value: Any = None
+        self.stashed = False  # its loss was reported (a peer import that cannot be re-run)
 
     def future(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[Any]:
         """The future that the answer after a move goes to (made on first use)."""
@@ -300,8 +312,9 @@ class FailoverSession:
         self._ckpt_task: asyncio.Task[None] | None = None
         self._ckpt_last = time.monotonic()
         self._ckpt_due = True  # the first checkpoint as soon as there is something to keep
-        self._via_client = False  # the next checkpoint reads through the client (one-shot)
+        self._client_until = 0.0  # checkpoints read through the client until then
         self._recovery: asyncio.Task[None] | None = None
+        self._moving: ClientSession | None = None  # the session a move is restoring
         self._epoch = 0
         self._dead: set[str] = set()
         self._error: BaseException | None = None
@@ -410,6 +423,11 @@ class FailoverSession:
                     raise  # not sent (an earlier call that could not be): not journaled
             else:
                 self._chain(entry, fut)
+        if fut is None:  # journaled only: what the move re-issues must be sendable
+            try:
+                _PACK((spec.opcode, stream, [None if a is BUFFER else a for a in args]))
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise LocalProtocolError(f"{spec.name}: cannot be sent ({exc})") from None
         if spec is _DYNAMIC:
             self._dynamic += 1
         elif spec is _IMPORT:
@@ -531,7 +549,7 @@ class FailoverSession:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
-        for s in (self._inner, self._standby):
+        for s in {self._inner, self._standby, self._moving} - {None}:
             if s is not None:
                 s.on_fail = None
                 with contextlib.suppress(Exception):
@@ -633,6 +651,9 @@ class FailoverSession:
                 self._awaited.pop(f, None)
                 if not entry.done and entry.spec is _DYNAMIC:
                     self._dynamic -= 1
+                elif not entry.ack and entry.spec is not _DYNAMIC:
+                    entry.deferred = True  # re-issued as a synchronisation: it may have
+                    # taken an error that nobody saw, as it would again
                 entry.done = True
                 return
             exc = f.exception()
@@ -651,6 +672,7 @@ class FailoverSession:
                         self._live[h] = math.prod(shape) * DTYPES[dtype].itemsize
                         self._dirty.add(h)
                 elif entry.spec is _IMPORT:
+                    entry.value = True  # it wrote the array
                     self._ckpt_due = True  # another proxy's data: kept by a checkpoint soon
             else:
                 entry.deferred = isinstance(exc, RemoteCallError) and exc.deferred
@@ -731,8 +753,9 @@ class FailoverSession:
         """Copy every buffer written since the last checkpoint (see the module docstring)."""
         epoch = self._epoch
         snapshot: tuple[dict[int, int], set[int], dict[int, memoryview]] | None = None
-        made: list[int] = []  # this checkpoint's copies on the standby
+        made: list[int] = []  # this checkpoint's copies on the standby, not committed
         aside: list[int] = []  # its copies on the session's own proxy (many buffers)
+        unread: dict[str, int] = {}  # tickets exported and not imported (bytes)
         inner = standby = None
         try:
             standby = await self._ensure_standby()
@@ -745,8 +768,8 @@ class FailoverSession:
                 or self._recovery is not None
             ):
                 return
-            if self._via_client:
-                self._via_client, standby = False, None
+            if time.monotonic() < self._client_until:
+                standby = None
             if self._released:
                 self._flush_released()
             # the state at this point of the journal; what comes after is tracked apart
@@ -759,6 +782,9 @@ class FailoverSession:
             # written since the last checkpoint, or whose copy was lost (with a standby, or
             # taken over by a move), and not known to the client from its upload
             move = sorted(h for h in live if h not in host and (h in dirty or h not in base))
+            # all sent now, at this point of the session's order: a synchronisation (which
+            # takes an error the application has pending), then the reads (to the client) or
+            # the exports (to the standby), or copies aside and a synchronisation of their own
             calls: list[asyncio.Future[Any]] = []
             try:
                 sync = inner.start_call(_SYNC, 0, [])
@@ -766,12 +792,13 @@ class FailoverSession:
                     calls = [inner.start_call(_D2H, 0, [_u8(h, live[h])]) for h in move]
                 elif len(move) <= _TICKETS:
                     calls = [inner.start_call(_EXPORT, 0, [_u8(h, live[h])]) for h in move]
-                else:  # copied aside at this point, exported in waves below
+                else:
                     for h in move:
                         a = next(self._ck_handles)
                         inner.submit(_ALLOC, 0, [a, live[h]])
                         inner.submit(_D2D, 0, [_u8(a, live[h]), _u8(h, live[h])])
                         aside.append(a)
+                    calls = [inner.start_call(_SYNC, 0, [])]
             except LocalProtocolError as exc:  # the application's unsent call: its error
                 self._stash.append(exc)
                 return
@@ -782,21 +809,35 @@ class FailoverSession:
             try:
                 await sync
             except RemoteCallError as exc:
-                if exc.deferred:  # the application's error: raised at its next sync, once
-                    self._mark_taken(upto)
-                    self._stash.append(exc)
-                return
+                if not exc.deferred:
+                    return
+                self._mark_taken(upto)  # the application's error: raised at its next sync,
+                self._stash.append(exc)  # once; the copies came after it and went on
             except GpuRemoteError:
+                return
+            replies = await asyncio.gather(*calls, return_exceptions=True)
+            if epoch != self._epoch:
                 return
             sources: dict[int, tuple[str, Any]] = {}
             if aside:
                 assert standby is not None
-                if not await self._in_waves(inner, standby, move, aside, live, sources, made):
+                if isinstance(replies[0], BaseException):
+                    # a copy aside failed (the session's memory limit, or a buffer the proxy
+                    # lacks): the next checkpoint reads through the client, which finds out
+                    log.info("failover: a checkpoint's copies aside failed (%s)", replies[0])
+                    self._through_client()
+                    await self._free_aside(inner, aside)
+                    aside = []
+                    return
+                if not await self._in_waves(
+                    inner, standby, move, aside, live, sources, made, unread
+                ):
                     return
             else:
-                replies = await asyncio.gather(*calls, return_exceptions=True)
-                if epoch != self._epoch:
-                    return
+                if standby is not None:
+                    for h, r in zip(move, replies, strict=True):
+                        if not isinstance(r, BaseException):
+                            unread[r[0]] = live[h]
                 done = []
                 for h, r in zip(move, replies, strict=True):
                     if not isinstance(r, BaseException):
@@ -806,11 +847,15 @@ class FailoverSession:
                         self._live.pop(h, None)
                     else:
                         log.info("failover: a checkpoint did not complete (%s)", r)
+                        if standby is not None:
+                            self._through_client()
                         return
                 if standby is None:
                     for h, (value, bufs) in done:
                         sources[h] = ("host", bufs[value])
-                elif not await self._to_standby(standby, done, sources, inner.url, live, made):
+                elif not await self._to_standby(
+                    standby, done, sources, inner.url, live, made, unread
+                ):
                     return
             if (
                 epoch != self._epoch
@@ -835,10 +880,15 @@ class FailoverSession:
                 for a in aside:  # exported (the tickets hold copies) or abandoned
                     inner.defer_free(a)
                 inner.flush_soon()
-            for ck in made:  # an abandoned checkpoint's copies on the standby
-                self._ck_pending.discard(ck)
-                if standby is not None and standby is self._standby:
+            ours = standby is not None and standby is self._standby and not standby.closed
+            if unread and ours and inner is not None:  # tickets left: read, so they go
+                assert standby is not None
+                self._loop.create_task(self._drain(standby, inner.url, list(unread.items())))
+            for ck in made:  # an abandoned checkpoint's copies on the standby (a move onto
+                if ours:  # it frees them with the others in _ck_pending)
+                    assert standby is not None
                     standby.release(ck)
+                    self._ck_pending.discard(ck)
             if snapshot is not None:  # not taken: what it held is still to keep
                 live, dirty, host = snapshot
                 now = self._dirty
@@ -849,6 +899,38 @@ class FailoverSession:
             self._ckpt_task = None
             self._ckpt_last = time.monotonic()
 
+    async def _free_aside(self, inner: ClientSession, aside: list[int]) -> None:
+        """Free the copies set aside that were made (a zero-byte read of each tells)."""
+        at = len(self._journal)
+        try:
+            probes = [inner.start_call(_D2H, 0, [[a, 0, [0], "uint8"]]) for a in aside]
+        except GpuRemoteError:
+            return
+        replies = await asyncio.gather(*probes, return_exceptions=True)
+        for a, r in zip(aside, replies, strict=True):
+            if not isinstance(r, BaseException):
+                inner.defer_free(a)
+            elif isinstance(r, RemoteCallError) and r.deferred:  # the application's error:
+                self._mark_taken(at)  # raised at its next sync (that copy, if made, stays)
+                self._stash.append(r)
+        if not inner.closed:
+            inner.flush_soon()
+
+    async def _drain(
+        self, standby: ClientSession, url: str, tickets: list[tuple[str, int]]
+    ) -> None:
+        """Read exported tickets that a checkpoint left (onto the standby, then freed), so
+        that they do not hold the exporting proxy's tickets until they expire."""
+        for ticket, n in tickets:
+            ck = next(self._ck_handles)
+            self._ck_pending.add(ck)
+            with contextlib.suppress(GpuRemoteError):
+                standby.submit(_ALLOC, 0, [ck, n])
+                await standby.call(_IMPORT, 0, [_u8(ck, n), url, ticket])
+            if standby is self._standby and not standby.closed:
+                standby.release(ck)
+                self._ck_pending.discard(ck)
+
     async def _in_waves(
         self,
         inner: ClientSession,
@@ -858,6 +940,7 @@ class FailoverSession:
         live: dict[int, int],
         sources: dict[int, tuple[str, Any]],
         made: list[int],
+        unread: dict[str, int],
     ) -> bool:
         """Export the copies set aside and import them on the standby, ``_TICKETS`` at a
         time; False if not all went."""
@@ -872,19 +955,21 @@ class FailoverSession:
             replies = await asyncio.gather(*futs, return_exceptions=True)
             if epoch != self._epoch:
                 return False
-            for r in replies:
+            ok = True
+            for (h, _), r in zip(wave, replies, strict=True):
                 if not isinstance(r, BaseException):
+                    unread[r[0]] = live[h]
                     continue
-                if isinstance(r, RemoteCallError) and r.deferred:
-                    if r.call in ("alloc", "copy_d2d"):  # a copy aside failed (a buffer the
-                        self._via_client = True  # proxy lacks?): the next one finds out
-                    else:  # the application's error, taken here: raised at its next sync
-                        self._mark_taken(at)
-                        self._stash.append(r)
-                log.info("failover: a checkpoint did not complete (%s)", r)
+                ok = False
+                if isinstance(r, RemoteCallError) and r.deferred:  # the application's error,
+                    self._mark_taken(at)  # taken here (this export did not run): raised at
+                    self._stash.append(r)  # its next sync
+                else:
+                    log.info("failover: a checkpoint did not complete (%s)", r)
+            if not ok:
                 return False
             done = [(h, r) for (h, _), r in zip(wave, replies, strict=True)]
-            if not await self._to_standby(standby, done, sources, inner.url, live, made):
+            if not await self._to_standby(standby, done, sources, inner.url, live, made, unread):
                 return False
         return True
 
@@ -896,9 +981,10 @@ class FailoverSession:
         url: str,
         live: dict[int, int],
         made: list[int],
+        unread: dict[str, int],
     ) -> bool:
         """Copy the exported buffers onto the standby (proxy to proxy); False if not all
-        could be (the standby is then let go where it cannot reach this proxy)."""
+        could be."""
         futs = []
         try:
             for h, (ticket, _) in done:
@@ -908,6 +994,7 @@ class FailoverSession:
                 n = live[h]
                 standby.submit(_ALLOC, 0, [ck, n])
                 futs.append(standby.start_call(_IMPORT, 0, [_u8(ck, n), url, ticket]))
+                unread.pop(ticket, None)
                 sources[h] = ("ck", ck)
         except GpuRemoteError:
             return False
@@ -915,19 +1002,33 @@ class FailoverSession:
         bad = [r for r in results if isinstance(r, BaseException)]
         if not bad:
             return True
-        if any(isinstance(r, RemoteCallError) and r.kind == PeerUnreachable.__name__ for r in bad):
+        refused = [
+            r
+            for r in bad
+            if isinstance(r, RemoteCallError)
+            and r.kind == PeerUnreachable.__name__
+            and "is not a peer" in r.message
+        ]
+        if refused:  # it may not read from this proxy: not tried again for a while
             log.warning(
-                "failover: the standby at %s cannot read from %s (%s); checkpoints go through "
-                "the client",
+                "failover: the standby at %s may not read from %s (%s); checkpoints go "
+                "through the client",
                 self._standby_url,
                 url,
-                bad[0],
+                refused[0],
             )
             self._drop_standby(retry_s=60.0)
-        else:
-            log.info("failover: a checkpoint did not complete (%s)", bad[0])
+        elif not any(isinstance(r, RemoteCallError) and r.kind == "PeerUnreachable" for r in bad):
+            # not a link (which may be this proxy going: the standby stays): its memory?
+            log.info("failover: a checkpoint did not complete on the standby (%s)", bad[0])
+            self._through_client()  # the next one through the client
         self._ckpt_due = True
         return False
+
+    def _through_client(self) -> None:
+        """Checkpoints onto the standby fail (its memory, the copies aside, a buffer the
+        proxy lacks): they go through the client for a while."""
+        self._client_until = time.monotonic() + _STANDBY_RETRY_S * 60
 
     def _forget_standby_copies(self) -> None:
         """The standby's copies are gone: the checkpoint lacks them until the next one, which
@@ -1060,31 +1161,33 @@ class FailoverSession:
         t1 = time.perf_counter()
         move["reconnect_s"] = t1 - detected
         self._hook(session)
+        self._moving = session
         move["standby"] = on_standby  # the checkpoint's copies were there already
         # the application's calls are journaled meanwhile: re-issued below
         with contextlib.suppress(RemoteCallError):  # a standby's own failed copy, if any
-            await session.start_call(_SYNC, 0, [])
+            await self._answer(session)
         move["restored_bytes"] = self._restore(session, on_standby)
         try:
-            await session.start_call(_SYNC, 0, [])
+            await self._answer(session)
         except RemoteCallError as exc:
             raise FailoverError(f"restoring the session on {session.url} failed: {exc}") from None
         for packed in self._res_base.values():  # streams, events, kernels, recorded steps
             session.submit(*_unpack(packed), None)
         with contextlib.suppress(RemoteCallError):  # a creation that failed before (its error
-            await session.start_call(_SYNC, 0, [])  # was raised then) fails again: not raised
+            await self._answer(session)  # was raised then) fails again: not raised
         t2 = time.perf_counter()
         move["restore_s"] = t2 - t1
         move["replayed_calls"] = self._replay(session)
         at = len(self._journal)
         probe = session.start_call(_SYNC, 0, [])
-        self._inner = session  # from here on, calls go to it (after the journal)
+        self._inner, self._moving = session, None  # from here on, calls go to it (after the
+        # journal)
         self.url = move["to"] = session.url
         if not any(m is move for m in self.moves):  # moved (counted once, even if retried)
             self.moves.append(move)
             self.counters.failovers += 1
         try:
-            await probe
+            await self._answer(session, probe)
         except RemoteCallError as exc:
             if exc.deferred:  # an error of a re-issued call, not yet raised: raised next
                 self._mark_taken(at)
@@ -1092,6 +1195,20 @@ class FailoverSession:
         t3 = time.perf_counter()
         move["replay_s"] = t3 - t2
         move["pause_s"] = t3 - detected
+
+    async def _answer(self, session: ClientSession, fut: asyncio.Future[Any] | None = None) -> None:
+        """A synchronisation on the session being moved to (``fut``, else a new one), within
+        ``call_timeout_s`` (else ``failover_timeout_s``): a proxy that stops answering during
+        the move is lost too."""
+        limit = self.config.call_timeout_s or self.failover.failover_timeout_s
+        if fut is None:
+            fut = session.start_call(_SYNC, 0, [])
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), limit)
+        except TimeoutError:
+            err = ConnectionClosed(f"no reply from {session.url} within {limit} s")
+            session._fail_all(err)
+            raise err from None
 
     async def _reconnect(self) -> tuple[ClientSession, bool]:
         """The session to move to, and whether it holds the checkpoint's copies already (the
@@ -1179,12 +1296,14 @@ class FailoverSession:
             elif e.spec is _DYNAMIC:
                 session.start_call(e.spec, e.stream, [*e.args], None).add_done_callback(_quiet)
             elif e.spec is _IMPORT:
-                self._stash.append(
-                    FailoverError(
-                        f"an array copied from another proxy ({e.args[1]}) just before the "
-                        "session moved could not be restored: copy it again"
+                if e.value is True and not e.stashed:  # once, for an import that wrote
+                    e.stashed = True
+                    self._stash.append(
+                        FailoverError(
+                            f"an array copied from another proxy ({e.args[1]}) just before "
+                            "the session moved could not be restored: copy it again"
+                        )
                     )
-                )
                 continue
             else:
                 continue

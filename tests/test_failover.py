@@ -18,6 +18,7 @@ import gpuremote
 import gpuremote.xp as xp
 from gpuremote.calls import CALLS_BY_NAME
 from gpuremote.demo import mlp_data, mlp_step
+from gpuremote.executor import SessionLimits
 from gpuremote.failover import FailoverError, FailoverSession
 from gpuremote.proxy import Proxy
 from gpuremote.proxyprocess import LocalProxy
@@ -32,10 +33,10 @@ class _Local:
     def __init__(self) -> None:
         self.proxies: dict[str, Proxy] = {}
 
-    async def start(self, n: int, peers: bool = True) -> list[str]:
+    async def start(self, n: int, peers: bool = True, **options: Any) -> list[str]:
         urls = []
         for _ in range(n):
-            p = Proxy("numpy")
+            p = Proxy("numpy", **options)
             urls.append(await p.start("tcp://127.0.0.1:0"))
             self.proxies[urls[-1]] = p
         if peers:
@@ -377,3 +378,21 @@ async def test_a_buffer_whose_making_failed_does_not_block_checkpoints(local: _L
         assert gpu.stats()["checkpoints"] > before
         await local.lose(a)
         np.testing.assert_array_equal(await w.get(), 2.0**10)
+
+
+async def test_copies_aside_past_the_memory_limit_go_through_the_client(local: _Local) -> None:
+    """40 buffers (past the 16 exports a proxy holds) in a session whose limit leaves no room
+    to copy them aside: the checkpoint goes through the client instead, and the move works."""
+    limits = SessionLimits(max_device_bytes=16 << 10)
+    a, b = await local.start(2, session_limits=limits)
+    async with gpuremote.connect(a, failover=[a, b], checkpoint_interval_s=0.001) as gpu:
+        xs = [gpu.full((64,), float(i)) for i in range(40)]  # 10 KiB; twice: past the limit
+        for _ in range(10):
+            for x in xs:
+                gpu.axpy(1.0, x, x)
+            await gpu.synchronize()  # never an error of the checkpoint's own
+            await asyncio.sleep(0.005)
+        assert gpu.stats()["checkpoint_bytes_to_client"] > 0
+        await local.lose(a)
+        for i, x in enumerate(xs):
+            np.testing.assert_array_equal(await x.get(), 1024.0 * i)
