@@ -292,6 +292,7 @@ class FailoverSession:
         self._stash: deque[BaseException] = deque()  # errors for the next synchronising call
         #: the futures of calls in flight, each to its journal entry (to re-issue if lost)
         self._awaited: dict[asyncio.Future[Any], _Waited] = {}
+        self._unanswered: set[_Waited] = set()  # journaled calls not answered yet
         # the checkpoint: the state at the journal's start
         self._base: dict[int, tuple[int, tuple[str, Any]]] = {}  # handle -> nbytes, source
         self._base_complete = True  # False: part of it was lost, until the next checkpoint
@@ -368,12 +369,9 @@ class FailoverSession:
             if inner is not None:
                 inner.submit(spec, stream, args, buffer)  # raises, naming what cannot be sent
             raise LocalProtocolError(f"{spec.name}: an argument cannot be sent ({exc})") from None
-        if inner is not None:
-            try:
-                inner.submit(spec, stream, [*args], buffer)  # a copy: it interns arrays in it
-            except GpuRemoteError as exc:
-                if not _is_loss(exc):
-                    raise
+        # tracked before the session takes ``args`` (it interns the arrays in it); a call it
+        # then refuses leaves at most a buffer marked written, or one the proxy lacks (which
+        # a checkpoint finds out)
         if spec is _LAUNCH_NEW:  # the common case, inline: its outputs are new buffers
             live, dirty = self._live, self._dirty
             for w in args[2]:
@@ -383,6 +381,12 @@ class FailoverSession:
                 dirty.add(h)
         else:
             self._track(spec, args, buffer, packed)
+        if inner is not None:
+            try:
+                inner.submit(spec, stream, args, buffer)
+            except GpuRemoteError as exc:
+                if not _is_loss(exc):
+                    raise
         if buffer is None:
             self._journal.append(packed)
         else:
@@ -428,6 +432,7 @@ class FailoverSession:
                 _PACK((spec.opcode, stream, [None if a is BUFFER else a for a in args]))
             except (TypeError, ValueError, OverflowError) as exc:
                 raise LocalProtocolError(f"{spec.name}: cannot be sent ({exc})") from None
+        self._unanswered.add(entry)
         if spec is _DYNAMIC:
             self._dynamic += 1
         elif spec is _IMPORT:
@@ -523,6 +528,9 @@ class FailoverSession:
         self._release_scheduled = False
         released, inner = self._released, self._inner
         journal, live, dirty, host = self._journal, self._live, self._dirty, self._host
+        defer = None if inner is None or inner.closed else inner.defer_free
+        if not released:
+            return
         while released:
             handle, nbytes = released.popleft()
             if self._closing:
@@ -532,8 +540,8 @@ class FailoverSession:
             dirty.discard(handle)
             if host:
                 host.pop(handle, None)
-            if inner is not None:
-                inner.defer_free(handle, nbytes)
+            if defer is not None:
+                defer(handle, nbytes)
         if inner is not None and scheduled:
             inner.flush_soon()  # as the session's own ``release`` would
 
@@ -649,6 +657,7 @@ class FailoverSession:
         def done(f: asyncio.Future[Any]) -> None:
             if f.cancelled():  # its waiter gave up: the proxy ran it, the answer is unknown
                 self._awaited.pop(f, None)
+                self._unanswered.discard(entry)
                 if not entry.done and entry.spec is _DYNAMIC:
                     self._dynamic -= 1
                 elif not entry.ack and entry.spec is not _DYNAMIC:
@@ -660,6 +669,7 @@ class FailoverSession:
             if exc is not None and _is_loss(exc):
                 return
             self._awaited.pop(f, None)
+            self._unanswered.discard(entry)
             first = not entry.done
             entry.done = True
             if not entry.ack:
@@ -774,6 +784,7 @@ class FailoverSession:
                 self._flush_released()
             # the state at this point of the journal; what comes after is tracked apart
             upto = len(self._journal)
+            waiting = list(self._unanswered)  # calls before this point not answered yet
             live, dirty, host = dict(self._live), self._dirty, self._host
             res = dict(self._res)
             snapshot = (live, dirty, host)
@@ -863,10 +874,7 @@ class FailoverSession:
                 or (standby is not None and standby is not self._standby)
             ):
                 return
-            if any(
-                isinstance(e, _Waited) and not e.done and not e.deferred
-                for e in self._journal[:upto]
-            ):
+            if any(not e.done for e in waiting):
                 return  # an earlier call is not answered yet: the next checkpoint
             self._commit(upto, live, host, res, sources)
             made, snapshot = [], None
