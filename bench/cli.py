@@ -215,7 +215,7 @@ def add_bench_parser(sub: Any) -> None:
         "--kills", default="200,300", help="steps before which the session's proxy is killed"
     )
     fo.add_argument("--timed-steps", type=int, default=2000, help="per run, for the overhead")
-    fo.add_argument("--rounds", type=int, default=5, help="runs with and without failover")
+    fo.add_argument("--rounds", type=int, default=9, help="runs with and without failover")
     fo.add_argument("--checkpoint-interval", type=float, default=None, help="seconds")
     fo.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
     fo.set_defaults(func=_failover)

@@ -4,7 +4,8 @@ On a Ray pool of two proxies (NumPy backend; a local Ray instance unless ``--add
 
 - **overhead**: the demo's MLP (``gpuremote.demo``), ``timed_steps`` steps per run, runs
   with ``failover=True`` and without, interleaved A B B A (``rounds`` each): steps/s of each, their
-  medians, and ``overhead_pct`` (how much slower with failover), at the checkpoint interval
+  medians, and ``overhead_pct`` (how much slower with failover: the median over the rounds of
+  one run's steps/s over its neighbour's), at the checkpoint interval
   given (the default's unless ``--checkpoint-interval``); the bytes checkpoints copied per
   second.
 - **failover**: ``steps`` steps with ``failover=True``, the session's proxy killed
@@ -32,8 +33,11 @@ class FailoverBenchConfig:
     steps: int = 400
     kills: tuple[int, ...] = (200, 300)
     timed_steps: int = 2000
-    rounds: int = 5
+    rounds: int = 9
     checkpoint_interval_s: float | None = None  # None: the default
+
+
+_cpu: list[float] = []  # the client's CPU seconds per step of each run, in order
 
 
 async def _train(
@@ -54,12 +58,13 @@ async def _train(
         scale = 2.0 / data["y"].size
         await gpu.synchronize()
         losses = []
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for i in range(steps):
             if before_step is not None:
                 before_step(i, gpu)
             losses.append(float(await mlp_step(gpu, x, y, w1, w2, scale, 0.1).get()))
         seconds = time.perf_counter() - t0
+        _cpu.append((time.process_time() - c0) / steps)
         weights = [await w1.get(), await w2.get()]
         moves = list(getattr(gpu.session, "moves", []))
         return losses, weights, seconds, gpu.stats(), moves
@@ -98,6 +103,7 @@ async def run_failover(
     try:
         # the overhead: interleaved runs with and without failover, no proxy lost
         rates: dict[str, list[float]] = {"off": [], "on": []}
+        cpu: dict[str, list[float]] = {"off": [], "on": []}
         ckpt_rates, ckpt_counts = [], []
         for r in range(cfg.rounds):
             for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):  # A B B A: drift cancels
@@ -106,10 +112,13 @@ async def run_failover(
                     url, data, cfg.timed_steps, on if mode == "on" else {}
                 )
                 rates[mode].append(cfg.timed_steps / seconds)
+                cpu[mode].append(_cpu[-1])
                 if mode == "on":
                     ckpt_rates.append(stats["checkpoint_bytes"] / seconds)
                     ckpt_counts.append(stats["checkpoints"] / seconds)
         off, on_rate = statistics.median(rates["off"]), statistics.median(rates["on"])
+        # each round's two runs ran side by side (A B B A): their ratio cancels the drift
+        paired = statistics.median(b / a for a, b in zip(rates["off"], rates["on"], strict=True))
 
         # the failovers: the reference first (uninterrupted), then the run with kills
         report({"phase": "reference"})
@@ -156,7 +165,7 @@ async def run_failover(
             "failovers": stats["failovers"],
             "pause_s": [b["pause_s"] for b in breakdown],
             "equal": equal,
-            "overhead_pct": 100.0 * (1.0 - on_rate / off),
+            "overhead_pct": 100.0 * (1.0 - paired),
             "moves": breakdown,
             "steps_per_s": {
                 "off": off,
@@ -164,6 +173,8 @@ async def run_failover(
                 "runs_off": rates["off"],
                 "runs_on": rates["on"],
                 "timed_steps": cfg.timed_steps,
+                "overhead_pct_of_medians": 100.0 * (1.0 - on_rate / off),
+                "client_cpu_us_per_step": {m: 1e6 * statistics.median(v) for m, v in cpu.items()},
             },
             "checkpoint": {
                 "interval_s": on.get(

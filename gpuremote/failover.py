@@ -42,7 +42,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -276,7 +276,8 @@ class FailoverSession:
         self._targets = targets
         self._options = options
         self._limits = limits
-        self._handles = itertools.count(1)
+        #: a fresh client-chosen handle, the same on whichever proxy serves the session
+        self.new_handle: Callable[[], int] = itertools.count(1).__next__
         self._ck_handles = itertools.count(_CK_BASE)
         self._hook(inner)
         self._inner: ClientSession | None = inner
@@ -332,9 +333,6 @@ class FailoverSession:
         session.on_fail = lambda exc, s=session: self._on_lost(s, exc)
 
     # -- what the front ends use ---------------------------------------------------------------
-    def new_handle(self) -> int:
-        """A fresh client-chosen handle, the same on whichever proxy serves the session."""
-        return next(self._handles)
 
     def count_local(self, n: int = 1, shadow_bytes: int = 0) -> None:
         self.counters.calls["local"] += n
@@ -377,7 +375,10 @@ class FailoverSession:
             for w in args[2]:
                 h = w[0]
                 if w[1] == 0 and h not in live:
-                    live[h] = _nbytes(w)
+                    n = DTYPES[w[3]].itemsize
+                    for d in w[2]:
+                        n *= d
+                    live[h] = n
                 dirty.add(h)
         else:
             self._track(spec, args, buffer, packed)
@@ -403,14 +404,19 @@ class FailoverSession:
     ) -> asyncio.Future[Any]:
         """Send a SYNC call (after everything queued); the future of its reply, whichever
         proxy gives it."""
-        self.check_open()
+        if self._error is not None or self._closing:
+            self.check_open()
         if self.recording is not None:
             self.recording.refuse(f"{spec.name} (it waits for the device's answer)")
         if self._stash:
             raise self._stash.popleft()
         if self._released:
             self._flush_released()
-        self._maybe_checkpoint()
+        if self._ckpt_task is None and (
+            self._ckpt_due
+            or time.monotonic() - self._ckpt_last >= self.failover.checkpoint_interval_s
+        ):
+            self._maybe_checkpoint()
         return self._start(spec, stream, args, buffer, False)
 
     def _start(
@@ -504,6 +510,15 @@ class FailoverSession:
     def release(self, handle: int, nbytes: int = 0) -> None:
         """Free buffer ``handle`` later (safe from finalizers, in any thread)."""
         if self._closing or self._error is not None:
+            return
+        inner = self._inner
+        if inner is not None and asyncio._get_running_loop() is self._loop:  # on the loop:
+            self._journal.append(handle)  # journaled now (as _freed, inline)
+            self._live.pop(handle, None)
+            self._dirty.discard(handle)
+            if self._host:
+                self._host.pop(handle, None)
+            inner.release(handle, nbytes)
             return
         self._released.append((handle, nbytes))
         if not self._release_scheduled:
