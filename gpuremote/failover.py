@@ -310,6 +310,7 @@ class FailoverSession:
         self._standby: ClientSession | None = None
         self._standby_url = ""
         self._standby_next = 0.0  # when to look for one again
+        self._standby_search: asyncio.Task[None] | None = None
         self._ck_pending: set[int] = set()  # copies on the standby not yet committed
         self._ckpt_task: asyncio.Task[None] | None = None
         self._ckpt_last = time.monotonic()
@@ -567,7 +568,7 @@ class FailoverSession:
         if self._released and self._error is None:
             self._flush_released()
         self._closing = True
-        for task in (self._ckpt_task, self._recovery):
+        for task in (self._ckpt_task, self._recovery, self._standby_search):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(BaseException):
@@ -742,32 +743,55 @@ class FailoverSession:
         if self._ckpt_due or since >= self.failover.checkpoint_interval_s:
             self._ckpt_task = self._loop.create_task(self._checkpoint())
 
-    async def _ensure_standby(self) -> ClientSession | None:
-        """The standby session (opened on another proxy where one can be had)."""
+    async def _ensure_standby(self, wait: bool) -> ClientSession | None:
+        """The standby session, if there is one; else one is looked for (opened on another
+        proxy where one can be had), and, with ``wait``, waited for. A checkpoint that
+        must be taken at once (after a move, or with the standby lost) does not wait: the
+        pool may take a second to place one while a proxy restarts."""
         standby = self._standby
         if standby is not None and not standby.closed:
             return standby
-        if time.monotonic() < self._standby_next or self._inner is None:
-            return None
-        self._standby_next = time.monotonic() + _STANDBY_RETRY_S
-        exclude = {self._inner.url, *self._dead}
+        if (
+            self._standby_search is None
+            and self._inner is not None
+            and time.monotonic() >= self._standby_next
+        ):
+            self._standby_next = time.monotonic() + _STANDBY_RETRY_S
+            self._standby_search = self._loop.create_task(self._find_standby(self._inner.url))
+        if wait and self._standby_search is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._standby_search)
+            standby = self._standby
+            return standby if standby is not None and not standby.closed else None
+        return None
+
+    async def _find_standby(self, primary: str) -> None:
+        """Open a standby session on a proxy other than ``primary`` (and the lost ones)."""
         try:
-            for url, extra in await self._targets.each(exclude):
+            for url, extra in await self._targets.each({primary, *self._dead}):
                 try:
                     session, _ = await self._open(url, extra)
                 except (GpuRemoteError, OSError) as exc:
                     log.info("failover: no standby at %s (%s)", url, exc)
                     continue
-                self._hook(session)
-                if self._closing or self._standby is not None:
-                    session.on_fail = None
+                inner = self._inner
+                if (
+                    self._closing
+                    or self._standby is not None
+                    or inner is None
+                    or (
+                        url == inner.url  # the session moved there meanwhile
+                    )
+                ):
                     await session.aclose()
-                    return self._standby
+                    return
+                self._hook(session)
                 self._standby, self._standby_url = session, url
-                return session
+                return
         except GpuRemoteError as exc:
             log.info("failover: no standby (%s)", exc)
-        return None
+        finally:
+            self._standby_search = None
 
     async def _open(self, url: str, extra: dict[str, Any]) -> tuple[ClientSession, dict[str, Any]]:
         return await open_session(
@@ -783,7 +807,7 @@ class FailoverSession:
         unread: dict[str, int] = {}  # tickets exported and not imported (bytes)
         inner = standby = None
         try:
-            standby = await self._ensure_standby()
+            standby = await self._ensure_standby(wait=self._base_complete)
             inner = self._inner
             if (
                 epoch != self._epoch
