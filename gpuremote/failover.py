@@ -690,6 +690,8 @@ class FailoverSession:
             entry.done = True
             if not entry.ack:
                 entry.buffer = None  # a SYNC call's data is not needed again
+                if entry.spec is not _DYNAMIC and entry.spec is not _IMPORT:
+                    entry.args = []  # nor a read's arguments (kept alive, they cost the GC)
             if exc is None:
                 value = f.result()[0]
                 if entry.spec is _DYNAMIC and first:
