@@ -306,6 +306,7 @@ class FailoverSession:
         self._step_results: dict[int, list[int]] = {}  # recorded step -> its results' bytes
         self._step_writes: dict[int, list[int]] = {}  # recorded step -> session buffers it writes
         self._dynamic = 0  # launch_dynamic calls not answered yet (their outputs unknown)
+        self._streams = False  # streams besides the default one were made
         # the standby: a session on another proxy holding the checkpoint's copies
         self._standby: ClientSession | None = None
         self._standby_url = ""
@@ -655,7 +656,9 @@ class FailoverSession:
         elif spec.opcode in _CREATES:
             kind = _CREATES[spec.opcode]
             self._res[(kind, args[0])] = packed
-            if kind == "step":
+            if kind == "stream":
+                self._streams = True
+            elif kind == "step":
                 self._step_results[args[0]] = _step_sizes(args[1])
                 self._step_writes[args[0]] = _step_writes(args[1])
         elif spec.opcode in _ENDS:
@@ -1340,6 +1343,8 @@ class FailoverSession:
                 self._chain(e, start(e.spec, e.stream, [*e.args], e.buffer))
             elif e.ack and not e.deferred:
                 session.submit(e.spec, e.stream, [*e.args], e.buffer)
+                if self._streams:  # the client waited for it: later work on other streams
+                    session.start_call(_SYNC, 0, []).add_done_callback(_quiet)  # came after
             elif e.deferred:  # it took a deferred error: a synchronisation there
                 session.start_call(_SYNC, e.stream, []).add_done_callback(_quiet)
             elif e.spec is _DYNAMIC:
@@ -1354,6 +1359,10 @@ class FailoverSession:
                         )
                     )
                 continue
+            elif self._streams:  # answered: the client went on after the stream's work
+                # was done, so work it then issued on another stream came after it; re-issued
+                # at once, only a synchronisation keeps that order (one stream keeps it alone)
+                session.start_call(_SYNC, 0, []).add_done_callback(_quiet)
             else:
                 continue
             n += 1

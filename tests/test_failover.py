@@ -30,13 +30,14 @@ class _Local:
     """Proxies in this process, on the test's loop; ``lose(url)`` closes one (its clients'
     connections drop)."""
 
-    def __init__(self) -> None:
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
         self.proxies: dict[str, Proxy] = {}
 
     async def start(self, n: int, peers: bool = True, **options: Any) -> list[str]:
         urls = []
         for _ in range(n):
-            p = Proxy("numpy", **options)
+            p = Proxy(self.backend, **options)
             urls.append(await p.start("tcp://127.0.0.1:0"))
             self.proxies[urls[-1]] = p
         if peers:
@@ -53,8 +54,10 @@ class _Local:
 
 
 @pytest.fixture
-async def local() -> AsyncIterator[_Local]:
-    proxies = _Local()
+async def local(each_backend: str) -> AsyncIterator[_Local]:
+    """Each test backend: ``sim:check`` checks the order of what a checkpoint and a move do
+    on the device (stream-ordered frees, races between streams)."""
+    proxies = _Local(each_backend)
     yield proxies
     await proxies.close()
 
@@ -185,6 +188,7 @@ async def test_streams_events_and_captured_steps_are_recreated(local: _Local) ->
     async with gpuremote.connect(a, failover=[a, b], checkpoint_interval_s=0.001) as gpu:
         s, ev = gpu.stream(), gpu.event()
         w = gpu.asarray(np.ones(16, dtype=np.float32))
+        await gpu.synchronize()  # uploaded on stream 0, used on s
 
         def step(w: Any) -> Any:
             gpu.axpy(0.5, gpu.multiply(w, 2.0), w)
