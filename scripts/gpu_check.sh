@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 NO_GPU=3
 bin=.venv-gpu/bin
-E2E="tests/test_client.py tests/test_xp.py tests/test_peers.py tests/test_gpu.py"
+E2E="tests/test_client.py tests/test_xp.py tests/test_peers.py tests/test_gpu.py tests/test_failover.py"
 
 # name | time budget (s) | command: the checks, in order
 CHECKS=(
