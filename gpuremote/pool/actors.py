@@ -182,10 +182,20 @@ class PoolManager:
     async def actors(self) -> list[Any]:
         return list(self.proxies)
 
-    async def status(self) -> list[dict[str, Any]]:
+    async def status(self, skip: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
         """One dict per proxy: url, node, alive, sessions, device_bytes, calls_per_s,
-        restarts (and pid, backend, pending: sessions placed, not yet connected)."""
-        figures = await asyncio.gather(*(self._probe(p) for p in self.proxies))
+        restarts (and pid, backend, pending: sessions placed, not yet connected). Proxies
+        whose URL is in ``skip`` are not asked (counted as not alive)."""
+
+        async def none() -> None:
+            return None
+
+        figures = await asyncio.gather(
+            *(
+                none() if self.urls[i] in skip else self._probe(p)
+                for i, p in enumerate(self.proxies)
+            )
+        )
         now = time.monotonic()
         out = []
         for i, fig in enumerate(figures):
@@ -225,9 +235,9 @@ class PoolManager:
     async def place(self, k: int = 1, exclude: list[str] | None = None) -> tuple[list[str], bytes]:
         """URLs of ``k`` different live proxies (none of ``exclude``), the least loaded first,
         and the secret."""
-        avoid = set(exclude or ())
-        async with self._lock:
-            rows = [r for r in await self.status() if r["alive"] and r["url"] not in avoid]
+        avoid = frozenset(exclude or ())
+        async with self._lock:  # the excluded are not asked: a dead one takes _PROBE_S
+            rows = [r for r in await self.status(avoid) if r["alive"] and r["url"] not in avoid]
             if len(rows) < k:
                 besides = " besides those excluded" if avoid else ""
                 raise PoolError(
