@@ -307,6 +307,7 @@ class FailoverSession:
         self._step_writes: dict[int, list[int]] = {}  # recorded step -> session buffers it writes
         self._dynamic = 0  # launch_dynamic calls not answered yet (their outputs unknown)
         self._streams = False  # streams besides the default one were made
+        self._snapshotting = False  # a checkpoint is fixing its point in the journal
         # the standby: a session on another proxy holding the checkpoint's copies
         self._standby: ClientSession | None = None
         self._standby_url = ""
@@ -514,7 +515,11 @@ class FailoverSession:
         if self._closing or self._error is not None:
             return
         inner = self._inner
-        if inner is not None and asyncio._get_running_loop() is self._loop:  # on the loop:
+        if (
+            inner is not None
+            and not self._snapshotting  # (a checkpoint fixing its point: journaled after it)
+            and asyncio._get_running_loop() is self._loop
+        ):  # on the loop:
             self._journal.append(handle)  # journaled now (as _freed, inline)
             self._live.pop(handle, None)
             self._dirty.discard(handle)
@@ -824,6 +829,7 @@ class FailoverSession:
                 return
             if time.monotonic() < self._client_until:
                 standby = None
+            self._snapshotting = True  # a finalizer's free now goes after this point
             if self._released:
                 self._flush_released()
             # the state at this point of the journal; what comes after is tracked apart
@@ -859,6 +865,8 @@ class FailoverSession:
                 return
             except GpuRemoteError:
                 return
+            finally:
+                self._snapshotting = False
             for f in calls:
                 f.add_done_callback(_quiet)
             try:
@@ -928,6 +936,7 @@ class FailoverSession:
             if standby is None:
                 self.counters.checkpoint_bytes_to_client += moved
         finally:
+            self._snapshotting = False
             if aside and inner is not None and inner is self._inner:
                 for a in aside:  # exported (the tickets hold copies) or abandoned
                     inner.defer_free(a)
@@ -940,6 +949,7 @@ class FailoverSession:
                 if ours:  # it frees them with the others in _ck_pending)
                     assert standby is not None
                     standby.release(ck)
+                if standby is not self._moving:
                     self._ck_pending.discard(ck)
             if snapshot is not None:  # not taken: what it held is still to keep
                 live, dirty, host = snapshot
@@ -974,6 +984,8 @@ class FailoverSession:
         """Read exported tickets that a checkpoint left (onto the standby, then freed), so
         that they do not hold the exporting proxy's tickets until they expire."""
         for ticket, n in tickets:
+            if standby is not self._standby or standby.closed:
+                return
             ck = next(self._ck_handles)
             self._ck_pending.add(ck)
             with contextlib.suppress(GpuRemoteError):
@@ -981,6 +993,7 @@ class FailoverSession:
                 await standby.call(_IMPORT, 0, [_u8(ck, n), url, ticket])
             if standby is self._standby and not standby.closed:
                 standby.release(ck)
+            if standby is not self._moving:  # (a move onto it frees what is pending)
                 self._ck_pending.discard(ck)
 
     async def _in_waves(
@@ -1038,6 +1051,8 @@ class FailoverSession:
         """Copy the exported buffers onto the standby (proxy to proxy); False if not all
         could be."""
         futs = []
+        if standby.closed or standby is not self._standby:
+            return False
         try:
             for h, (ticket, _) in done:
                 ck = next(self._ck_handles)
@@ -1324,6 +1339,15 @@ class FailoverSession:
     def _replay(self, session: ClientSession) -> int:
         """Re-issue the journal on ``session``; the number of calls sent."""
         n = 0
+        ordered: set[int] = set()  # answered writes after which a synchronisation is safe
+        if self._streams:  # (an ack is answered even with an error pending: a sync after it
+            clean = False  # would take that error early, unless the next sync found none)
+            for e in reversed(self._journal):
+                if isinstance(e, _Waited):
+                    if not e.ack:
+                        clean = e.done and not e.deferred
+                    elif clean and e.done:
+                        ordered.add(id(e))
         for e in self._journal:
             t = type(e)
             if t is int:
@@ -1343,7 +1367,7 @@ class FailoverSession:
                 self._chain(e, start(e.spec, e.stream, [*e.args], e.buffer))
             elif e.ack and not e.deferred:
                 session.submit(e.spec, e.stream, [*e.args], e.buffer)
-                if self._streams:  # the client waited for it: later work on other streams
+                if id(e) in ordered:  # the client waited for it: later work on other streams
                     session.start_call(_SYNC, 0, []).add_done_callback(_quiet)  # came after
             elif e.deferred:  # it took a deferred error: a synchronisation there
                 session.start_call(_SYNC, e.stream, []).add_done_callback(_quiet)

@@ -400,3 +400,29 @@ async def test_copies_aside_past_the_memory_limit_go_through_the_client(local: _
         await local.lose(a)
         for i, x in enumerate(xs):
             np.testing.assert_array_equal(await x.get(), 1024.0 * i)
+
+
+async def test_a_write_answered_with_an_error_pending_keeps_it_pending(local: _Local) -> None:
+    """A write that waits (``x.write``) is answered even while an error is pending (the
+    proxy skips it): re-issued, nothing may take that error early."""
+    a, b = await local.start(2)
+
+    async def scenario(lose: bool, **options: Any) -> tuple[Any, ...]:
+        async with gpuremote.connect(a, **options) as gpu:
+            gpu.stream()  # more than one stream: answered calls keep their order on re-issue
+            x = gpu.asarray(np.zeros(8, dtype=np.float32))
+            y = gpu.asarray(np.ones(8, dtype=np.float32))
+            await gpu.synchronize()
+            gpu.session.submit(_C["free"], 0, [987654])  # fails: stream 0 is skipped until
+            await x.write(np.full(8, 5.0, dtype=np.float32))  # the next sync (answered)
+            gpu.axpy(1.0, y, y)
+            if lose:
+                await local.lose(a)
+            with pytest.raises(gpuremote.RemoteCallError, match="unknown buffer handle"):
+                await gpu.synchronize()
+            await gpu.synchronize()  # raised once
+            return (await x.get()).tolist(), (await y.get()).tolist()
+
+    ref = await scenario(False)
+    got = await scenario(True, failover=[a, b], checkpoint_interval_s=3600)
+    assert got == ref
