@@ -539,7 +539,7 @@ def _failover(args: argparse.Namespace) -> int:
     console = Console()
     rows = [
         (
-            f"{m['from']} -> {m['to']}",
+            str(i + 1),
             "standby" if m["from_standby"] else "client",
             f"{m['pause_s'] * 1e3:,.1f}",
             f"{m['detection_s'] * 1e3:,.1f}",
@@ -548,22 +548,26 @@ def _failover(args: argparse.Namespace) -> int:
             f"{m['replay_s'] * 1e3:,.1f}",
             f"{m['replayed_calls']:,}",
         )
-        for m in result["moves"]
+        for i, m in enumerate(result["moves"])
     ]
     title = (
         f"gpuremote bench failover: {result['steps']} MLP steps, proxy killed before steps "
         f"{result['kills_at']}: {result['failovers']} failovers, weights "
         f"{'equal (bitwise)' if result['equal'] else 'DIFFERENT'}"
     )
-    cols = ("move", "checkpoint from", "pause ms", "detect", "reconnect", "restore",
-            "re-issue", "calls re-issued")  # fmt: skip
+    cols = ("move", "restored from", "pause ms", "detect ms", "reconnect ms", "restore ms",
+            "re-issue ms", "calls")  # fmt: skip
     console.print(result_table(title, cols, rows))
+    for i, m in enumerate(result["moves"]):
+        console.print(f"move {i + 1}: {m['from']} -> {m['to']} ({m['cause']})")
     sps, ck = result["steps_per_s"], result["checkpoint"]
     console.print(
         f"steps/s without failover {sps['off']:,.0f}, with {sps['on']:,.0f} (medians of "
-        f"{len(sps['runs_on'])} runs of {sps['timed_steps']:,} steps): "
-        f"{result['overhead_pct']:+.1f}% slower; checkpoints every {ck['interval_s']:g} s "
-        f"copy {ck['bytes_per_s'] / 1e3:,.1f} kB/s"
+        f"{len(sps['runs_on'])} runs of {sps['timed_steps']:,} steps each); overhead "
+        f"{result['overhead_pct']:+.1f}% (median of the rounds' paired ratios); client CPU "
+        f"per step {sps['client_cpu_us_per_step']['off']:,.0f} -> "
+        f"{sps['client_cpu_us_per_step']['on']:,.0f} µs; checkpoints every "
+        f"{ck['interval_s']:g} s copy {ck['bytes_per_s'] / 1e3:,.1f} kB/s"
     )
     return 0 if result["equal"] else 1
 
