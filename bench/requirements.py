@@ -472,14 +472,26 @@ def _fitted(trace: list[Any], mode: Mode, run: _Run, per_trip: float) -> tuple[C
     """The trace and costs the model is given for ``run``, from what it measured: the
     client's own time (outside its synchronous waits: the workload's code and making the
     calls) spread over the calls as the local run's gaps are; the proxy's busy time beyond
-    the device's waits, per remote call; ``per_trip``: the rest of a round trip (loop hops,
-    replies), from the bare link (``_per_trip``). The link and the device are the model's."""
-    calls, _, gaps, _ = _remote_calls(trace, mode.optimized)
+    the device's waits, over the remote calls as the local executor's time for each call
+    (its host time, ``device_s``) plus an equal share of what the proxy spent beyond that
+    (decoding, dispatch; where the proxy spent less, the host times scaled down), so that a
+    call doing much work (a recorded step's replay) costs the proxy that much more;
+    ``per_trip``: the rest of a round trip (loop hops, replies), from the bare link
+    (``_per_trip``). The link and the device are the model's."""
+    calls, _, gaps, host = _remote_calls(trace, mode.optimized)
     client = run.wall - run.awaited
     scale = client / gaps if gaps > 0 else 1.0
-    proxy = (run.proxy_busy - run.device_waited) / max(1, calls)
-    scaled = [replace(t, gap_s=t.gap_s * scale, device_s=0.0) for t in trace]
-    return Costs(proxy_per_call=max(0.0, proxy), client_per_trip=per_trip), scaled
+    proxy = max(0.0, run.proxy_busy - run.device_waited)
+    fixed = max(0.0, proxy - host) / max(1, calls)
+    share = (proxy - fixed * calls) / host if host > 0 else 0.0
+    scaled = [replace(t, gap_s=t.gap_s * scale, device_s=t.device_s * share) for t in trace]
+    return Costs(proxy_per_call=fixed, client_per_trip=per_trip), scaled
+
+
+def _proxy_per_call(scaled: list[Any], mode: Mode, costs: Costs) -> float:
+    """What the proxy spent per remote call, as ``_fitted`` gave it to the model."""
+    calls, _, _, host = _remote_calls(scaled, mode.optimized)
+    return costs.proxy_per_call + host / max(1, calls)
 
 
 def _predicted(
@@ -501,15 +513,23 @@ def _quiet(runs: list[_Run], share: float = 0.02) -> list[_Run]:
     return sorted(runs, key=lambda r: r.stolen / r.wall)[: max(1, len(runs) // 3)]
 
 
-def _per_trip(trace: list[Any], mode: Mode, bare: list[_Run]) -> float:
+def _proxy_s(run: _Run) -> float:
+    """The proxy's own time in ``run`` (not waiting for the device)."""
+    return run.proxy_busy - run.device_waited
+
+
+def _per_trip(trace: list[Any], mode: Mode, bare: list[_Run], like: _Run | None = None) -> float:
     """What a round trip costs beyond the client's and proxy's measured time: what remains
     of the bare link's time (no RTT, no bandwidth limit) per round trip (the median over the
-    quiet runs)."""
+    quiet runs). With ``like``, that rest in proportion to the proxy's time, as ``like``
+    measured it: it is the same kind of work (loop turns, futures, the emulator's pump:
+    Python on small objects), and a shared machine's speed drifts by 10-20% between runs a
+    few ms apart (not the client's time: uploads make it memory-bound, which drifts apart)."""
     _, trips, _, _ = _remote_calls(trace, mode.optimized)
-    rests = [
-        (r.wall - _predicted(trace, mode, r, 0.0, 0.0, None)[0]) / max(1, trips)
-        for r in _quiet(bare)
-    ]
+    rests = []
+    for r in _quiet(bare):
+        rest = (r.wall - _predicted(trace, mode, r, 0.0, 0.0, None)[0]) / max(1, trips)
+        rests.append(rest if like is None else rest * _proxy_s(like) / _proxy_s(r))
     return float(np.median(rests))
 
 
@@ -584,7 +604,10 @@ async def _run_emulated(
     skipped = {m.name: m.unavailable for m in modes if m.unavailable}
     modes = [m for m in modes if not m.unavailable]
     name = f"requirements-{os.getpid()}-{time.monotonic_ns()}"
-    proxy = Proxy(backend, inline_us=math.inf)  # one thread: every batch inline
+    # one thread: every batch inline; the sessions take turns (a local run, the bare link's,
+    # the point's), so no batch waits its fair turn behind another's: a turn taken would run
+    # it a loop hop later, outside the connection's receiver, and hide it from ``busy_s``
+    proxy = Proxy(backend, inline_us=math.inf, contention_s=0.0)
     base = await proxy.start(f"inproc://{name}")
     out: list[dict[str, Any]] = []
     total = len(cfg.workloads) * len(modes) * len(cfg.rtts_us) * len(cfg.bws_gbit)
@@ -657,7 +680,7 @@ async def _run_emulated(
                 ncalls = max(1, _remote_calls(trace, mode.optimized)[0])
                 costs_by_mode[mode.name] = {
                     "client_per_call_us": sum(t.gap_s for t in scaled) / ncalls * 1e6,
-                    "proxy_per_call_us": bare_costs.proxy_per_call * 1e6,
+                    "proxy_per_call_us": _proxy_per_call(scaled, mode, bare_costs) * 1e6,
                     "per_trip_us": per_trip_all * 1e6,
                     "bare_link_s": mid.wall,
                     "bare_runs": len(every),
@@ -669,7 +692,10 @@ async def _run_emulated(
                     # turns spread over the whole sweep)
                     i = _quietest(local, bare, runs)
                     r = runs[i]
-                    per_trip = _per_trip(trace, mode, [bare[i]])
+                    # the rest of a round trip: from the point's bare runs (their median:
+                    # one run can be held up by what no CPU figure shows), in proportion
+                    # to the proxy's own time in the point's run
+                    per_trip = _per_trip(trace, mode, bare, like=r)
                     predicted, costs, scaled = _predicted(trace, mode, r, per_trip, rtt, bw)
                     ideal = predict(
                         trace, rtt * 1e-6, bw * 1e9, optimized=mode.optimized, batched=True
@@ -693,7 +719,7 @@ async def _run_emulated(
                             "predicted_slowdown": predicted / local_s - 1,
                             "network_only_slowdown": ideal / mode_local_model_s - 1,
                             "client_per_call_us": sum(t.gap_s for t in scaled) / ncalls * 1e6,
-                            "proxy_per_call_us": costs.proxy_per_call * 1e6,
+                            "proxy_per_call_us": _proxy_per_call(scaled, mode, costs) * 1e6,
                             "runs_s": [x.wall for x in runs],
                             "bare_runs_s": [x.wall for x in bare],
                             "per_trip_us": per_trip * 1e6,

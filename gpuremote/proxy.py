@@ -52,7 +52,10 @@ class Proxy:
     """Serves clients on ``backend``; ``await start(url)`` for each address to listen on.
 
     Each session's batches run on its ``DeviceQueue``: inline when cheap, else on one of
-    ``workers`` threads, so that no session's device work holds up the event loop."""
+    ``workers`` threads, so that no session's device work holds up the event loop. Among
+    sessions, a batch waits its fair turn (``FairScheduler``) when another session's batch
+    ran within the last ``contention_s``; 0 lets it wait only behind batches already waiting
+    (for a proxy whose sessions take turns, as a bench's do)."""
 
     def __init__(
         self,
@@ -69,6 +72,7 @@ class Proxy:
         handshake_timeout_s: float | None = 5.0,
         peers: Iterable[str] = (),
         peer_timeout_s: float = PEER_TIMEOUT_S,
+        contention_s: float = 0.002,
     ) -> None:
         self.backend = get_backend(backend) if isinstance(backend, str) else backend
         self.admin_token = admin_token or None
@@ -80,6 +84,7 @@ class Proxy:
         self.inline_us = inline_us
         self.max_clients = max_clients
         self.handshake_timeout_s = handshake_timeout_s
+        self.contention_s = contention_s
         self._scheduler: FairScheduler | None = None  # made on the loop, at the first client
         # the handshake deadlines of every session, on one timer (made with the scheduler)
         self._deadlines: Deadlines[ProxySession] | None = None
@@ -174,7 +179,7 @@ class Proxy:
             self.handshake_timeouts += 1
 
         if self._scheduler is None:
-            self._scheduler = FairScheduler()
+            self._scheduler = FairScheduler(contention_s=self.contention_s)
         if self._heap_keeper is None:
             self._heap_keeper = HeapKeeper(asyncio.get_running_loop())
         heap = self._heap_keeper

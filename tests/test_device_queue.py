@@ -340,6 +340,24 @@ async def test_a_small_batch_overtakes_a_round_of_equal_big_ones() -> None:
     assert sorted(ran) == sorted(["light", "s0-next", *(f"s{i}" for i in range(n))])
 
 
+async def test_sessions_taking_turns_run_at_once_without_a_contention_window() -> None:
+    """``contention_s=0`` (``Proxy(contention_s=0)``, as the requirements bench's): a batch of
+    another session than the last waits only behind batches already waiting, so it runs in
+    the transport's callback that brought it (where the bench times the proxy)."""
+    from gpuremote.scheduler import FairScheduler
+
+    ran: list[str] = []
+    windowed = FairScheduler()
+    assert windowed.run("a", 1e3, lambda: ran.append("a"))
+    assert not windowed.run("b", 1e3, lambda: ran.append("b"))  # within 2 ms of a's: queued
+    await asyncio.sleep(0)
+    taking_turns = FairScheduler(contention_s=0.0)
+    assert taking_turns.run("a", 1e3, lambda: ran.append("a"))
+    assert taking_turns.run("b", 1e3, lambda: ran.append("b"))  # at once
+    assert taking_turns.run("a", 1e3, lambda: ran.append("a"))
+    assert ran == ["a", "b", "a", "b", "a"]
+
+
 def test_bench_load_spreads_clients_over_processes(cli_json: Any) -> None:
     out = cli_json(
         "bench", "load", "--backend", "numpy", "--clients", "6", "--procs", "2",

@@ -146,6 +146,32 @@ def test_model_overlaps_device_time_with_the_proxy_and_batches() -> None:
     assert p.seconds == pytest.approx(11 * 20e-6 + 5e-6 + 20e-6)  # the device hides instead
 
 
+def test_the_proxy_time_follows_each_calls_work() -> None:
+    """The bench gives the model the proxy's measured time per call as the local executor's
+    time for that call (scaled to the proxy's total) plus an equal share of any excess:
+    a replay, one call doing a step's work, costs the proxy that much more than a read."""
+    from gpuremote.bench.requirements import MODES, _fitted, _proxy_per_call, _Run
+
+    from gpuremote.local import TraceEntry
+
+    trace = [
+        TraceEntry("step_replay", "async", 0, 0, 1e-6, 90e-6, kernel_s=40e-6),
+        TraceEntry("copy_d2h", "sync", 0, 8, 1e-6, 10e-6),
+    ]
+    mode = MODES["optimized"]
+    slower = _Run(
+        wall=1e-3, awaited=0.0, proxy_busy=120e-6, device_waited=0.0, late=0.0, stolen=0.0
+    )
+    costs, scaled = _fitted(trace, mode, slower, 0.0)
+    assert costs.proxy_per_call == pytest.approx(10e-6)  # (120 - 100) µs over two calls
+    assert [t.device_s for t in scaled] == pytest.approx([90e-6, 10e-6])
+    assert _proxy_per_call(scaled, mode, costs) == pytest.approx(60e-6)
+    faster = _Run(wall=1e-3, awaited=0.0, proxy_busy=50e-6, device_waited=0.0, late=0.0, stolen=0.0)
+    costs, scaled = _fitted(trace, mode, faster, 0.0)
+    assert costs.proxy_per_call == 0.0
+    assert [t.device_s for t in scaled] == pytest.approx([45e-6, 5e-6])
+
+
 async def test_emu_inproc_without_copies_hands_over_read_only_views() -> None:
     proxy = Proxy("sim:a100,compute=0", inline_us=float("inf"))
     await proxy.start("inproc://profiles-nocopy")
