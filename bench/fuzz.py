@@ -7,8 +7,9 @@ whose commands carry hostile values (unknown handles and ops, negative or huge s
 types, shape and dtype mismatches, out-of-bounds copies, huge ndim). Between rounds a control
 client checks that the proxy still answers correctly. The proxy must never crash, answer each
 bad command with an error or close that one connection, and end where it started in memory:
-the proxy's memory is sampled every thousand connections, and ``rss_growth_per_connection_b``
-is its growth from the first thousand to the last, per connection.
+the proxy's memory is sampled every thousand connections, at rest (the attack pauses
+``rest_s`` first), and ``rss_growth_per_connection_b`` is its growth from the first
+thousand to the last, per connection.
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ class FuzzConfig(TargetOptions):
     seconds: float = 30.0
     seed: int = 0
     connections: int = 0  # stop after this many (0: after ``seconds``)
+    #: before each memory sample, the attack pauses this long, so that the sample is of the
+    #: proxy at rest: what the last connections held is gone (ucx:// drops messages to a
+    #: closed connection's tag for 5 s) and only what stays is counted
+    rest_s: float = 6.0
 
 
 def _value(rng: random.Random) -> Any:
@@ -250,6 +255,7 @@ async def run_fuzz(
                 if not ok:
                     counts["control_failures"] += 1
                 if pid and counts["connections"] % 1000 < 8:
+                    await asyncio.sleep(cfg.rest_s)
                     samples.append((counts["connections"], rss_bytes(pid) / 2**20))
                 report(dict(counts))
             stats = await control.proxy_stats()

@@ -37,18 +37,30 @@ class HeapKeeper:
 
     - Each time the live sessions fall to half the most since the last time, the C heap is
       trimmed (and garbage collected first if ``many`` or more sessions went).
+    - Every ``collect_every`` sessions ended, garbage is collected: a session ends in cycles
+      (an exception's frames, callbacks), and a proxy collects its young objects rarely
+      (``tune_gc``), so a steady coming and going would otherwise pile them up between
+      collections, and the heap they leave behind, fragmented, does not shrink again.
     - Once the sessions have fallen by ``many`` or more from their high, and none has ended
       for ``quiet_s``, garbage is collected and the heap trimmed: the end of a flood's drain.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, many: int = 64, quiet_s: float = 0.1):
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        many: int = 64,
+        quiet_s: float = 0.1,
+        collect_every: int = 64,
+    ):
         self.many = many
+        self.collect_every = collect_every
         self.quiet_s = quiet_s
         self._loop = loop
         self._live = 0
         self._peak = 0  # the most sessions at once since the heap was last trimmed
         self._high = 0  # the most sessions at once since garbage was last collected
         self._last_end = 0.0
+        self._ended = 0  # sessions ended since garbage was last collected
         self._timer: asyncio.TimerHandle | None = None
         self.collections = 0  # how many times a flood's end collected garbage
 
@@ -62,6 +74,10 @@ class HeapKeeper:
         """A session ended; ``live`` sessions are left."""
         self._live = live
         self._last_end = self._loop.time()
+        self._ended += 1
+        if self._ended >= self.collect_every:
+            gc.collect()
+            self._ended = 0
         if live <= self._peak // 2:
             if self._peak - live >= self.many:
                 self._collect(live)
@@ -79,6 +95,7 @@ class HeapKeeper:
     def _collect(self, live: int) -> None:
         gc.collect()  # sessions end in reference cycles; this also empties the free lists
         self._high = live
+        self._ended = 0
 
     def _when_quiet(self) -> None:
         self._timer = None

@@ -292,8 +292,8 @@ def decode_request(
     for i, a in enumerate(table):
         try:
             arrays.append(check_array(a, f"arrays[{i}]", limits))
-        except BadCommand as exc:
-            arrays.append(exc)
+        except BadCommand as exc:  # kept as a value: without the frames (no cycle through them)
+            arrays.append(exc.with_traceback(None))
     ctx = DecodeContext(len(frame.buffers), limits, arrays)
     out: list[Command | BadCommandAt] = []
     for item in items:
@@ -431,7 +431,7 @@ def _check_array(v: Any, name: str, ctx: DecodeContext) -> ArrayDesc:
         )
     desc = ctx.arrays[v]
     if type(desc) is BadCommand:
-        raise desc
+        raise BadCommand(str(desc))  # a fresh one: the table's keeps no frames
     return desc  # type: ignore[return-value]
 
 
@@ -445,7 +445,7 @@ def _check_arrays(v: Any, name: str, ctx: DecodeContext) -> tuple[ArrayDesc, ...
             raise BadCommand(f"argument {name!r} refers to array {a!r:.20}; the frame has {n}")
         desc = table[a]
         if type(desc) is BadCommand:
-            raise desc
+            raise BadCommand(str(desc))  # a fresh one: the table's keeps no frames
         out.append(desc)
     return tuple(out)  # type: ignore[arg-type]
 
@@ -513,7 +513,7 @@ def _check_step(v: Any, name: str, ctx: DecodeContext) -> StepProgram:
         try:
             arrays.append(check_array(a, f"{name}.arrays[{i}]", lim))
         except BadCommand as exc:
-            arrays.append(exc)
+            arrays.append(exc.with_traceback(None))
     sub = DecodeContext(0, lim, arrays)  # no host data: a step has no buffers
     commands = []
     for i, item in enumerate(items):
@@ -579,7 +579,7 @@ def _descs(v: Any, name: str, ctx: DecodeContext) -> tuple[ArrayDesc, ...]:
             return _check_arrays(v, name, ctx)  # raises, naming the bad index
         desc = table[a]
         if type(desc) is BadCommand:
-            raise desc
+            raise BadCommand(str(desc))  # a fresh one: the table's keeps no frames
         out.append(desc)
     return tuple(out)  # type: ignore[arg-type]
 

@@ -88,7 +88,7 @@ async def test_the_heap_keeper_collects_once_a_flood_has_drained(
     collected: list[int] = []
     monkeypatch.setattr(heap.gc, "collect", lambda *a: collected.append(1) or 0)
     loop = asyncio.get_running_loop()
-    keeper = HeapKeeper(loop, many=8, quiet_s=0.05)
+    keeper = HeapKeeper(loop, many=8, quiet_s=0.05, collect_every=1000)
     for live in range(1, 101):  # a client that stays, and a flood of 99 more
         keeper.started(live)
     for live in range(99, 0, -1):  # the flood drains
@@ -105,4 +105,22 @@ async def test_the_heap_keeper_collects_once_a_flood_has_drained(
     keeper.ended(1)
     await asyncio.sleep(0.2)
     assert keeper.collections == 1 and keeper._timer is None
+    keeper.close()
+
+
+async def test_the_heap_keeper_collects_as_sessions_come_and_go(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A steady coming and going (never a flood's drain): every ``collect_every`` sessions
+    ended, the cycles they ended in are collected."""
+    import gpuremote.heap as heap
+
+    collected: list[int] = []
+    monkeypatch.setattr(heap.gc, "collect", lambda *a: collected.append(1) or 0)
+    keeper = HeapKeeper(asyncio.get_running_loop(), many=64, collect_every=10)
+    keeper.started(1)  # a client that stays
+    for _ in range(45):  # and 45 that come and go, one at a time
+        keeper.started(2)
+        keeper.ended(1)
+    assert len(collected) == 4
     keeper.close()

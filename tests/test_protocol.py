@@ -177,6 +177,26 @@ def test_hostile_array_descriptors_are_refused(desc: Any, match: str) -> None:
     assert isinstance(bad, BadCommandAt) and match in bad.message
 
 
+def test_a_hostile_array_descriptor_leaves_no_reference_cycle() -> None:
+    """A bad descriptor is kept as a value while the frame decodes, and each command that
+    uses it fails with an error of its own: no exception keeps the decoder's frames (and so
+    itself) alive, which a proxy that collects rarely would pile up under hostile input."""
+    import gc
+
+    launch = CALLS_BY_NAME["launch"].opcode
+    bad_desc = [1, 0, [2] * 40, "float32"]
+    cmds = [[i, launch, 0, ["add", [0], [0], {}], False] for i in range(3)]
+    gc.collect()
+    gc.disable()
+    try:
+        out = decode_request(_frame([REQUEST, [bad_desc], cmds]))
+        assert all(isinstance(b, BadCommandAt) and "dimensions" in b.message for b in out)
+        del out
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
+
+
 def test_out_of_range_array_and_buffer_indexes() -> None:
     launch = CALLS_BY_NAME["launch"].opcode
     h2d = CALLS_BY_NAME["copy_h2d"].opcode

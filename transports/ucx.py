@@ -191,8 +191,8 @@ class _Driver:
         error: BaseException | None = None
         try:
             request.check_error()
-        except Exception as exc:
-            error = exc
+        except Exception as exc:  # kept as a value, without this frame (no cycle through it)
+            error = exc.with_traceback(None)
         try:
             done(error)
         except Exception as exc:  # a bug in a callback: that one connection fails, alone
