@@ -85,13 +85,7 @@ async def run_failover(
         if cfg.address:
             gr.attach(cfg.address)
         else:
-            ray.init(
-                num_cpus=2,
-                include_dashboard=False,
-                namespace=gr.NAMESPACE,
-                log_to_driver=False,
-                configure_logging=False,
-            )
+            gr.start_local()
             started_ray = True
     name = f"bench-failover-{time.monotonic_ns():x}"
     pool = gr.start_pool(2, name=name, num_gpus=0, backend="numpy")

@@ -62,6 +62,17 @@ async def local(each_backend: str) -> AsyncIterator[_Local]:
     await proxies.close()
 
 
+async def _steps_checkpointed(gpu: gpuremote.GPU, x: Any, steps: int) -> None:
+    """``steps`` in-place steps on ``x``, each waited for, a pause after each: at least one
+    checkpoint is taken meanwhile."""
+    before = gpu.stats()["checkpoints"]
+    for _ in range(steps):
+        gpu.axpy(1.0, x, x)
+        await gpu.synchronize()
+        await asyncio.sleep(0.005)
+    assert gpu.stats()["checkpoints"] > before
+
+
 async def _train(
     gpu: gpuremote.GPU, steps: int, before: Callable[[int], Any] | None = None
 ) -> tuple[list[float], list[np.ndarray[Any, Any]]]:
@@ -357,12 +368,7 @@ async def test_a_cancelled_wait_does_not_stop_checkpoints(local: _Local) -> None
         x = gpu.asarray(np.arange(1 << 20, dtype=np.float32))
         with pytest.raises(TimeoutError):
             await asyncio.wait_for((x * 2.0).get(), 1e-6)
-        before = gpu.stats()["checkpoints"]
-        for _ in range(20):
-            gpu.axpy(1.0, x, x)
-            await gpu.synchronize()
-            await asyncio.sleep(0.005)
-        assert gpu.stats()["checkpoints"] > before
+        await _steps_checkpointed(gpu, x, 20)
         await local.lose(a)
         np.testing.assert_array_equal(await x.get(), np.arange(1 << 20) * 2.0**20)
 
@@ -374,12 +380,7 @@ async def test_a_buffer_whose_making_failed_does_not_block_checkpoints(local: _L
         gpu.session.submit(_C["alloc"], 0, [gpu.session.new_handle(), 1 << 60])  # refused
         with pytest.raises(gpuremote.RemoteCallError, match="alloc failed"):
             await gpu.synchronize()
-        before = gpu.stats()["checkpoints"]
-        for _ in range(10):
-            gpu.axpy(1.0, w, w)
-            await gpu.synchronize()
-            await asyncio.sleep(0.005)
-        assert gpu.stats()["checkpoints"] > before
+        await _steps_checkpointed(gpu, w, 10)
         await local.lose(a)
         np.testing.assert_array_equal(await w.get(), 2.0**10)
 

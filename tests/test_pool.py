@@ -23,13 +23,7 @@ gr = pytest.importorskip("gpuremote.pool")
 @pytest.fixture(scope="session")
 def ray_address() -> Iterator[str]:
     """One local Ray instance for the whole test session."""
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        namespace=gr.NAMESPACE,
-        log_to_driver=False,
-        configure_logging=False,
-    )
+    gr.start_local()
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
 

@@ -20,7 +20,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from .placement import NAMESPACE, Pool, PoolError, attach, get_pool, place, place_now
+from .placement import (
+    NAMESPACE,
+    Pool,
+    PoolError,
+    attach,
+    get_pool,
+    place,
+    place_now,
+    start_local,
+)
 
 __all__ = [
     "NAMESPACE",
@@ -32,6 +41,7 @@ __all__ = [
     "get_pool",
     "place",
     "place_now",
+    "start_local",
     "start_pool",
 ]
 

@@ -23,6 +23,7 @@ __all__ = [
     "get_pool",
     "place",
     "place_now",
+    "start_local",
 ]
 
 #: the Ray namespace of every pool's actors
@@ -58,6 +59,20 @@ def attach(address: str | None = None) -> Any:
                 f"no Ray cluster to attach to ({exc}); start one with `ray start --head`, "
                 "or give its address"
             ) from None
+    return ray
+
+
+def start_local(num_cpus: int = 2) -> Any:
+    """``ray`` started in this process, a cluster of this machine alone (a bench's or a
+    test's local pool)."""
+    ray = _ray()
+    ray.init(
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        namespace=NAMESPACE,
+        log_to_driver=False,
+        configure_logging=False,
+    )
     return ray
 
 
