@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 from gpuremote.transports import Address
 
-from gpuremote.auth import is_loopback
-from gpuremote.framing import byte_view
+from gpuremote.wire.auth import is_loopback
+from gpuremote.wire.framing import byte_view
 
 __all__ = [
     "AsyncioClient",

@@ -2,7 +2,7 @@
 
 On a Ray pool of two proxies (NumPy backend; a local Ray instance unless ``--address``):
 
-- **overhead**: the demo's MLP (``gpuremote.demo``), ``timed_steps`` steps per run, runs
+- **overhead**: the demo's MLP (``gpuremote.tools.demo``), ``timed_steps`` steps per run, runs
   with ``failover=True`` and without, interleaved A B B A (``rounds`` each): steps/s of each, their
   medians, and ``overhead_pct`` (how much slower with failover: the median over the rounds of
   one run's steps/s over its neighbour's), at the checkpoint interval
@@ -50,7 +50,7 @@ async def _train(
     """The demo's MLP for ``steps`` steps (one read of the loss each): losses, weights, the
     steps' seconds, the session's counters and its moves."""
     import gpuremote
-    from gpuremote.demo import mlp_step
+    from gpuremote.tools.demo import mlp_step
 
     async with gpuremote.connect(url, **options) as gpu:
         x, y = gpu.asarray(data["x"]), gpu.asarray(data["y"])
@@ -77,8 +77,8 @@ async def run_failover(
     import ray
 
     import gpuremote.pool as gr
-    from gpuremote.demo import mlp_data
-    from gpuremote.failover import FailoverConfig
+    from gpuremote.session.failover import FailoverConfig
+    from gpuremote.tools.demo import mlp_data
 
     started_ray = False
     if not ray.is_initialized():

@@ -21,7 +21,8 @@ from gpuremote.transports import Address
 
 import gpuremote
 from gpuremote.proxy import raise_open_files_limit
-from gpuremote.proxyprocess import LocalProxy, rss_bytes
+from gpuremote.proxy.heap import rss_bytes
+from gpuremote.tools.proxyprocess import LocalProxy
 
 __all__ = ["FloodConfig", "run_flood"]
 

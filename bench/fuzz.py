@@ -29,18 +29,18 @@ from gpuremote.transports import Address
 from gpuremote.transports import connect as transport_connect
 
 import gpuremote
-from gpuremote.auth import load_secret, proof
-from gpuremote.calls import CALLS, CALLS_BY_NAME, CallClass
 from gpuremote.config import transport_settings
-from gpuremote.framing import Frame, frame_bytes
-from gpuremote.protocol import (
+from gpuremote.proxy.heap import rss_bytes
+from gpuremote.wire.auth import load_secret, proof
+from gpuremote.wire.calls import CALLS, CALLS_BY_NAME, CallClass
+from gpuremote.wire.framing import Frame, frame_bytes
+from gpuremote.wire.protocol import (
     PROTOCOL_VERSION,
     REPLY,
     decode_greeting,
     decode_message,
     encode_request,
 )
-from gpuremote.proxyprocess import rss_bytes
 
 from .target import TargetOptions, open_target
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 import gpuremote
-from gpuremote.proxyprocess import rss_bytes
+from gpuremote.proxy.heap import rss_bytes
 
 from .stats import summarize
 from .target import Target, TargetOptions, open_target
@@ -235,7 +235,7 @@ async def run_load(
 def _pool(url: str) -> Any:
     """The pool behind a ``pool://`` URL (and ``RAY_ADDRESS`` set, so that the client
     processes of ``--procs`` attach to the same cluster), else None."""
-    from gpuremote.connection import placed
+    from gpuremote.session.connection import placed
 
     pool = placed(url)
     if pool is None:

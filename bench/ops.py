@@ -14,7 +14,7 @@ Cases:
 - ``async_chain`` / ``xp_async_chain``: ``x = x + 1.0`` ``chain`` times, each a new array, then
   one read; per-op figures and ops/s end to end;
 - ``transformer_step``: one inference step of a transformer block at batch 1, remote and in
-  process (``gpuremote.local``), and the slowdown between them.
+  process (``gpuremote.tools.direct``), and the slowdown between them.
 
 Steps (each row is per step, beside the same step in process: ``ops_per_step``,
 ``remote_us``, ``local_us``, ``overhead_us`` = remote - local at p50, ``frames_per_step``,
@@ -46,9 +46,9 @@ import numpy as np
 
 import gpuremote
 from gpuremote.errors import ConfigError
-from gpuremote.local import connect_local
-from gpuremote.stdio import restore_stdout
-from gpuremote.workloads import transformer_block
+from gpuremote.tools.direct import connect_direct
+from gpuremote.tools.stdio import restore_stdout
+from gpuremote.tools.workloads import transformer_block
 
 from .baseline import ProtocolEchoClient
 from .stats import ratio
@@ -245,7 +245,7 @@ async def _measure(
     ones = np.ones(16, np.float32)
     a = gpu.asarray(ones)
     x = xp.asarray(ones, device=device)
-    local = connect_local(cfg.backend if cfg.backend != "auto" else "numpy", record=False)
+    local = connect_direct(cfg.backend if cfg.backend != "auto" else "numpy", record=False)
     remote_step = transformer_block(gpu)
     local_step = transformer_block(local)
 
@@ -437,7 +437,7 @@ def _cpu(row: dict[str, Any] | None) -> float | None:
 
 def _mlp(g: Any, capture: bool) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """The demo's MLP training step on ``g`` (captured, or call by call) and its arrays."""
-    from gpuremote.demo import mlp_data, mlp_step
+    from gpuremote.tools.demo import mlp_data, mlp_step
 
     data = mlp_data()
     scale = 2.0 / data["y"].size

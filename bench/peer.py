@@ -36,7 +36,7 @@ class PeerConfig:
 @contextlib.contextmanager
 def _two_devices(cfg: PeerConfig) -> Iterator[tuple[Any, Any]]:
     import gpuremote.xp as xp
-    from gpuremote.proxyprocess import LocalProxy
+    from gpuremote.tools.proxyprocess import LocalProxy
 
     if cfg.url:
         d1, d2 = xp.connect(cfg.url, devices=2)

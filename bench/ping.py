@@ -13,7 +13,7 @@ import numpy as np
 
 import gpuremote
 from gpuremote.aio import spin_until_done
-from gpuremote.framing import byte_view
+from gpuremote.wire.framing import byte_view
 
 from .baseline import Baselines
 from .stats import ratio, summarize

@@ -35,10 +35,10 @@ from typing import Any
 import numpy as np
 
 import gpuremote
-from gpuremote.local import connect_local
-from gpuremote.model import Costs, predict
-from gpuremote.model import local_seconds as local_seconds_of
-from gpuremote.workloads import WORKLOADS
+from gpuremote.tools.direct import connect_direct, trace_of
+from gpuremote.tools.model import Costs, predict
+from gpuremote.tools.model import local_seconds as local_seconds_of
+from gpuremote.tools.workloads import WORKLOADS
 
 from .target import TargetOptions, open_target
 
@@ -155,11 +155,11 @@ async def _calibrate(url: str, backend: str, base_rtt: float, n: int = 2000) -> 
     """The remoting path's own costs, measured on the bare path (not fitted to the sweep):
     what a remote ASYNC call costs the client and the proxy beyond the same call made
     locally (whose costs the trace holds already), and the real path's bandwidth."""
-    local = connect_local(backend)
+    local = connect_direct(backend)
     y = local.zeros(16, "float32")
     for _ in range(n):
         local.axpy(1.0, y, y)
-    trace = local._session.trace  # type: ignore[union-attr]
+    trace = trace_of(local)
     gap = float(np.median([t.gap_s for t in trace[-n:]]))
     device = float(np.median([t.device_s for t in trace[-n:]]))
     await local.aclose()
@@ -254,11 +254,11 @@ async def _run_real(
             fn = WORKLOADS[name]
             local_times, trace = [], []
             for i in range(cfg.repeats + 1):  # the first run warms caches up, uncounted
-                gpu = connect_local(cfg.backend)
+                gpu = connect_direct(cfg.backend)
                 t = await _timed(fn, gpu, sizes[name])
                 if i:
                     local_times.append(t)
-                trace = list(gpu._session.trace)  # type: ignore[union-attr]
+                trace = list(trace_of(gpu))
                 await gpu.aclose()
             local_s = float(np.median(local_times))
             steps = int(sizes[name]["steps"])
@@ -438,9 +438,8 @@ async def _local(
     ``record``, none: the baseline's time without the cost of recording it)."""
     from gpuremote.backends import get_backend
 
-    gpu = connect_local(get_backend(backend), record=record)
-    session: Any = gpu._session
-    trace: list[Any] = session.trace if session.trace is not None else []
+    gpu = connect_direct(get_backend(backend), record=record)
+    trace: list[Any] = trace_of(gpu)
     mark: list[tuple[float, int, float]] = []
     await fn(
         gpu,
@@ -627,10 +626,10 @@ async def _run_emulated(
             trace = traces[id(_median_run(recorded))]
             local_model_s = local_seconds_of(trace)
             # a mode that runs the workload otherwise (captured steps) has a trace of its own
-            trace_of: dict[str, list[Any]] = {}
+            mode_traces: dict[str, list[Any]] = {}
             for mode in modes:
                 if not mode.run:
-                    trace_of[mode.name] = trace
+                    mode_traces[mode.name] = trace
                     continue
                 mruns: list[_Run] = []
                 mtraces: dict[int, list[Any]] = {}
@@ -639,7 +638,7 @@ async def _run_emulated(
                     if i:
                         mruns.append(lr)
                         mtraces[id(lr)] = tr
-                trace_of[mode.name] = mtraces[id(_median_run(mruns))]
+                mode_traces[mode.name] = mtraces[id(_median_run(mruns))]
             local_runs: list[_Run] = []  # the baseline's runs, not recorded
             bare_url = _emu_url(base, None, None)
             # per point, its runs alternate with runs over the bare link (A B A B), whose
@@ -671,7 +670,7 @@ async def _run_emulated(
             points: list[dict[str, Any]] = []
             costs_by_mode: dict[str, dict[str, Any]] = {}
             for mode in modes:
-                trace = trace_of[mode.name]
+                trace = mode_traces[mode.name]
                 mode_local_model_s = local_seconds_of(trace)
                 every = [r for *_, bare, _ in raw[mode.name] for r in bare]
                 per_trip_all = _per_trip(trace, mode, every)
@@ -726,7 +725,7 @@ async def _run_emulated(
                         }
                     )
             steps = int(wsizes["steps"])
-            trace = trace_of.get("optimized", trace)
+            trace = mode_traces.get("optimized", trace)
             _, trips, _, _ = _remote_calls(trace, True)
             out.append(
                 {
@@ -738,7 +737,7 @@ async def _run_emulated(
                     "device_s": sum(t.kernel_s for t in trace),
                     "calls": len(trace),
                     # calls the device is sent per step, by mode (a replayed step: one)
-                    "calls_per_step": {m.name: len(trace_of[m.name]) / steps for m in modes},
+                    "calls_per_step": {m.name: len(mode_traces[m.name]) / steps for m in modes},
                     "costs": costs_by_mode,
                     "points": points,
                     "min_requirement": {

@@ -11,7 +11,7 @@ from gpuremote.transports import Address
 
 from gpuremote.config import load_config_file
 from gpuremote.proxy import Proxy
-from gpuremote.proxyprocess import LocalProxy
+from gpuremote.tools.proxyprocess import LocalProxy
 
 from .baseline import echo_service
 

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 import gpuremote
-from gpuremote.framing import byte_view
-from gpuremote.proxyprocess import peak_rss_bytes, reset_peak_rss, rss_bytes
+from gpuremote.proxy.heap import peak_rss_bytes, reset_peak_rss, rss_bytes
+from gpuremote.wire.framing import byte_view
 
 from .baseline import Baselines
 from .stats import gbps, ratio

@@ -14,7 +14,7 @@ import ray
 
 import gpuremote
 import gpuremote.pool as gr
-from gpuremote.demo import mlp_data, mlp_step
+from gpuremote.tools.demo import mlp_data, mlp_step
 
 
 async def train(pool: Any, kill_at: int | None, **options: Any) -> tuple[Any, dict[str, Any]]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Any
 
 from .aio import run
-from .calls import CALLS, CallClass
 from .client import GPU, Event, Kernel, RemoteArray, Stream, connect
 from .config import PipelineConfig
 from .errors import (
@@ -33,6 +32,7 @@ from .errors import (
     RemoteProtocolError,
     TransportUnavailable,
 )
+from .wire.calls import CALLS, CallClass
 
 __version__ = "0.1.0"
 

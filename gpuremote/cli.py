@@ -15,14 +15,14 @@ __all__ = ["main"]
 
 def _serve(args: argparse.Namespace) -> int:
     from . import aio
-    from .auth import is_loopback, load_secret
     from .backends import BackendError
     from .errors import GpuRemoteError
-    from .executor import SessionLimits
-    from .framing import FrameLimits
-    from .proxy import Proxy, Service, serve
-    from .proxyprocess import READY
+    from .proxy.executor import SessionLimits
+    from .proxy.server import Proxy, Service, serve
+    from .tools.proxyprocess import READY
     from .transports import Address
+    from .wire.auth import is_loopback, load_secret
+    from .wire.framing import FrameLimits
 
     services: list[Service] = []
     if args.bench_echo:  # the bench's baseline servers, beside the proxy, when asked for
@@ -118,8 +118,8 @@ def _demo(args: argparse.Namespace) -> int:
 
     from . import aio
     from .client import connect
-    from .demo import mlp_data, train_local, train_remote
-    from .proxyprocess import LocalProxy
+    from .tools.demo import mlp_data, train_local, train_remote
+    from .tools.proxyprocess import LocalProxy
 
     data = mlp_data(batch=args.batch, hidden=args.hidden)
     local = train_local(data, args.steps)
@@ -168,8 +168,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _top(args: argparse.Namespace) -> int:
     from . import aio
-    from .connection import placed
-    from .top import run_top, run_top_pool
+    from .session.connection import placed
+    from .tools.top import run_top, run_top_pool
 
     pool = placed(args.url) if args.url else None
     if pool is not None:
@@ -189,7 +189,7 @@ def _top(args: argparse.Namespace) -> int:
 
 
 def _pool(args: argparse.Namespace) -> int:
-    from .pool_cli import run_pool_command
+    from .tools.pool_cli import run_pool_command
 
     return run_pool_command(args)
 
@@ -198,16 +198,16 @@ def _trace(args: argparse.Namespace) -> int:
     import time
 
     from . import aio
-    from .local import connect_local
-    from .model import save_trace
-    from .workloads import WORKLOADS
+    from .tools.direct import connect_direct, trace_of
+    from .tools.model import save_trace
+    from .tools.workloads import WORKLOADS
 
     async def run() -> tuple[float, list[Any]]:
-        gpu = connect_local(args.backend)
+        gpu = connect_direct(args.backend)
         t0 = time.perf_counter()
         await WORKLOADS[args.workload](gpu)
         seconds = time.perf_counter() - t0
-        trace = list(gpu._session.trace)  # type: ignore[union-attr]
+        trace = list(trace_of(gpu))
         await gpu.aclose()
         return seconds, trace
 
@@ -224,7 +224,7 @@ def _trace(args: argparse.Namespace) -> int:
 def _predict(args: argparse.Namespace) -> int:
     import json
 
-    from .model import Costs, load_trace, predict
+    from .tools.model import Costs, load_trace, predict
     from .transports.emulated import parse_bandwidth, parse_duration
 
     trace, meta = load_trace(args.trace)
@@ -455,7 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if getattr(args, "json", False):
-            from .stdio import json_stdout
+            from .tools.stdio import json_stdout
 
             with json_stdout():
                 return int(args.func(args))

@@ -10,9 +10,9 @@ is awaited::
         y = gpu.tanh(gpu.matmul(a, b))
         out = await y.get()
 
-The arrays are the array core's (``gpuremote.arraycore``, shared with ``gpuremote.xp``): this
+The arrays are the array core's (``gpuremote.core.arrays``, shared with ``gpuremote.xp``): this
 module only says how to wait (``await``). Sessions are opened by the connection layer
-(``gpuremote.connection``).
+(``gpuremote.session.connection``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from typing import Any, overload
 
 import numpy as np
 
-from .arraycore import (
+from .config import PipelineConfig, resolve_url
+from .core.arrays import (
     ArrayRef,
     Buffer,
     Core,
@@ -35,15 +36,14 @@ from .arraycore import (
     kernel_arg,
     supported_dtype,
 )
-from .calls import CALLS_BY_NAME
-from .capture import Step
-from .clientsession import BUFFER, ClientSession
-from .config import PipelineConfig, resolve_url
-from .connection import open_session, place, placed
+from .core.capture import Step
 from .errors import ConfigError, LocalProtocolError
-from .failover import FailoverSession, failover_config, open_failover_session
-from .framing import FrameLimits
 from .ops import OPS
+from .session.connection import open_session, place, placed
+from .session.failover import FailoverSession, failover_config, open_failover_session
+from .session.pipeline import ClientSession
+from .wire.calls import BUFFER, CALLS_BY_NAME
+from .wire.framing import FrameLimits
 
 __all__ = ["GPU", "DeviceBuffer", "Event", "Kernel", "RemoteArray", "Stream", "connect"]
 
@@ -293,8 +293,8 @@ class GPU:
 
     @property
     def session(self) -> ClientSession | FailoverSession:
-        """The connection layer's session under this GPU (``gpuremote.connection``; with
-        ``failover``, a ``gpuremote.failover.FailoverSession``)."""
+        """The connection layer's session under this GPU (``gpuremote.session.connection``; with
+        ``failover``, a ``gpuremote.session.failover.FailoverSession``)."""
         return self._session
 
     @property
@@ -490,7 +490,7 @@ class GPU:
         """``fn`` (which issues this GPU's calls and returns arrays, or nothing) captured:
         the first call for each signature (shapes, dtypes, static values, the current
         stream) records and runs; later ones replay it on the proxy with one message
-        (see ``gpuremote.capture``)."""
+        (see ``gpuremote.core.capture``)."""
         return Step(self._core, fn, stream=lambda: self._current)
 
     def kernel(
@@ -679,7 +679,7 @@ def connect(
 
     ``failover=True`` (a pool) or ``failover=[url, ...]`` (other proxies): the session
     survives the loss of its proxy: it moves to another, with its arrays (see
-    ``gpuremote.failover``; tuning: ``checkpoint_interval_s``, ``journal_max_bytes``,
+    ``gpuremote.session.failover``; tuning: ``checkpoint_interval_s``, ``journal_max_bytes``,
     ``journal_max_calls``, ``failover_timeout_s``)."""
     if devices is None:
         return _Connector(url, pipeline, options, limits)

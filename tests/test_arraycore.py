@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 import gpuremote
 import gpuremote.xp as xp
-from gpuremote import arraycore
 from gpuremote.client import Kernel
+from gpuremote.core import arrays as arraycore
 from gpuremote.ops import OpError
 
 

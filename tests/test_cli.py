@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from gpuremote.proxyprocess import LocalProxy
+from gpuremote.tools.proxyprocess import LocalProxy
 
 if TYPE_CHECKING:
     from conftest import Cli

@@ -11,13 +11,13 @@ from gpuremote.transports import connect as transport_connect
 from gpuremote.transports import listen
 
 import gpuremote
-from gpuremote.calls import CALLS_BY_NAME
-from gpuremote.clientsession import ClientSession
-from gpuremote.demo import mlp_data, train_local, train_remote
 from gpuremote.errors import ConnectionClosed, LocalProtocolError, RemoteCallError
-from gpuremote.framing import Frame
-from gpuremote.protocol import FATAL, decode_greeting, decode_message
 from gpuremote.proxy import Proxy
+from gpuremote.session.pipeline import ClientSession
+from gpuremote.tools.demo import mlp_data, train_local, train_remote
+from gpuremote.wire.calls import CALLS_BY_NAME
+from gpuremote.wire.framing import Frame
+from gpuremote.wire.protocol import FATAL, decode_greeting, decode_message
 
 
 async def test_demo_workload_equals_numpy(gpu: gpuremote.GPU) -> None:

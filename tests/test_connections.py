@@ -13,9 +13,9 @@ from gpuremote.transports import Address
 
 import gpuremote
 from gpuremote.errors import RemoteProtocolError
-from gpuremote.framing import FrameDecoder
-from gpuremote.protocol import FATAL, decode_message
 from gpuremote.proxy import Proxy
+from gpuremote.wire.framing import FrameDecoder
+from gpuremote.wire.protocol import FATAL, decode_message
 
 Silent = tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]
 
@@ -84,7 +84,7 @@ def test_the_decoder_buffer_starts_small_and_grows_on_demand() -> None:
     dec = FrameDecoder()
     assert len(dec.get_buffer()) <= 4096  # what an idle connection holds
     payload = bytes(range(256)) * 1024  # 256 KiB in one frame: the buffer grows for it
-    from gpuremote.framing import Frame, encode_frame
+    from gpuremote.wire.framing import Frame, encode_frame
 
     wire = b"".join(bytes(p) for p in encode_frame(Frame(b"\x91\x01", [memoryview(payload)])))
     for i in range(0, len(wire), 1 << 20):
@@ -95,7 +95,8 @@ def test_the_decoder_buffer_starts_small_and_grows_on_demand() -> None:
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux /proc")
 async def test_idle_connections_hold_little_memory_and_go_at_the_deadline() -> None:
-    from gpuremote.proxyprocess import LocalProxy, rss_bytes
+    from gpuremote.proxy.heap import rss_bytes
+    from gpuremote.tools.proxyprocess import LocalProxy
 
     local = LocalProxy("tcp", "numpy", extra_args=("--quiet", "--handshake-timeout", "2"))
     url = await asyncio.to_thread(local.start)

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from gpuremote.deadlines import Deadlines
-from gpuremote.heap import HeapKeeper
+from gpuremote.proxy.deadlines import Deadlines
+from gpuremote.proxy.heap import HeapKeeper
 
 
 async def test_deadlines_expire_in_order_after_their_delay() -> None:
@@ -83,7 +83,7 @@ def test_a_negative_delay_is_refused() -> None:
 async def test_the_heap_keeper_collects_once_a_flood_has_drained(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import gpuremote.heap as heap
+    import gpuremote.proxy.heap as heap
 
     collected: list[int] = []
     monkeypatch.setattr(heap.gc, "collect", lambda *a: collected.append(1) or 0)
@@ -113,7 +113,7 @@ async def test_the_heap_keeper_collects_as_sessions_come_and_go(
 ) -> None:
     """A steady coming and going (never a flood's drain): every ``collect_every`` sessions
     ended, the cycles they ended in are collected."""
-    import gpuremote.heap as heap
+    import gpuremote.proxy.heap as heap
 
     collected: list[int] = []
     monkeypatch.setattr(heap.gc, "collect", lambda *a: collected.append(1) or 0)

@@ -20,14 +20,20 @@ import pytest
 import gpuremote
 from gpuremote.backends import BackendError, NumpyBackend, get_backend
 from gpuremote.backends.sim_backend import SimBackend
-from gpuremote.calls import CALLS_BY_NAME
-from gpuremote.devicequeue import estimate_ns
 from gpuremote.errors import ConfigError, ConnectionClosed
-from gpuremote.executor import PROTOCOL_VERSION, Executor
-from gpuremote.framing import Frame, FrameLimits
-from gpuremote.protocol import FATAL, decode_message, decode_replies, decode_request, encode_request
 from gpuremote.proxy import Proxy
-from gpuremote.proxysession import ProxySession
+from gpuremote.proxy.devicequeue import estimate_ns
+from gpuremote.proxy.executor import PROTOCOL_VERSION, Executor
+from gpuremote.proxy.session import ProxySession
+from gpuremote.wire.calls import CALLS_BY_NAME
+from gpuremote.wire.framing import Frame, FrameLimits
+from gpuremote.wire.protocol import (
+    FATAL,
+    decode_message,
+    decode_replies,
+    decode_request,
+    encode_request,
+)
 
 
 @pytest.fixture
@@ -270,7 +276,7 @@ async def test_proxy_session_with_a_fake_connection() -> None:
 # -- what the proxy and the transports no longer do -----------------------------------------
 def test_the_proxy_imports_no_bench_code() -> None:
     code = (
-        "import sys, gpuremote.proxy, gpuremote.proxysession\n"
+        "import sys, gpuremote.proxy, gpuremote.proxy.session\n"
         "print([m for m in sys.modules if m.startswith('gpuremote.bench')])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -297,7 +303,7 @@ def test_tls_settings_come_from_the_caller(tmp_path: Path, monkeypatch: pytest.M
 
 # -- fair order among sessions --------------------------------------------------------------
 async def test_competing_sessions_run_in_fair_order() -> None:
-    from gpuremote.scheduler import FairScheduler
+    from gpuremote.proxy.scheduler import FairScheduler
 
     sched = FairScheduler(slice_s=1.0)
     ran: list[str] = []
@@ -317,7 +323,7 @@ async def test_competing_sessions_run_in_fair_order() -> None:
 async def test_a_small_batch_overtakes_a_round_of_equal_big_ones() -> None:
     """Sessions that send identical batches in step share one tag; a small batch that arrives
     while that round runs goes next, not behind the rest of the round."""
-    from gpuremote.scheduler import FairScheduler
+    from gpuremote.proxy.scheduler import FairScheduler
 
     sched = FairScheduler(slice_s=1.0)
     ran: list[str] = []
@@ -344,7 +350,7 @@ async def test_sessions_taking_turns_run_at_once_without_a_contention_window() -
     """``contention_s=0`` (``Proxy(contention_s=0)``, as the requirements bench's): a batch of
     another session than the last waits only behind batches already waiting, so it runs in
     the transport's callback that brought it (where the bench times the proxy)."""
-    from gpuremote.scheduler import FairScheduler
+    from gpuremote.proxy.scheduler import FairScheduler
 
     ran: list[str] = []
     windowed = FairScheduler()
@@ -405,7 +411,7 @@ def test_serve_takes_the_simulated_backend(cli: Any) -> None:
 async def test_uploads_are_received_into_the_backends_host_memory() -> None:
     """The proxy hands the transport its backend's allocator (pinned memory on a GPU), so
     that a large upload lands there straight from the socket and is adopted as the buffer."""
-    from gpuremote.framing import byte_view
+    from gpuremote.wire.framing import byte_view
 
     made: list[int] = []
 

@@ -9,10 +9,10 @@ import pytest
 
 from gpuremote.backends import get_backend
 from gpuremote.backends.base import buffer_owner
-from gpuremote.calls import CALLS_BY_NAME
-from gpuremote.executor import Executor, SessionLimits
-from gpuremote.framing import DEVICE_DIRECT_MIN, Frame, byte_view
-from gpuremote.protocol import Reply, decode_request, encode_request
+from gpuremote.proxy.executor import Executor, SessionLimits
+from gpuremote.wire.calls import CALLS_BY_NAME
+from gpuremote.wire.framing import DEVICE_DIRECT_MIN, Frame, byte_view
+from gpuremote.wire.protocol import Reply, decode_request, encode_request
 
 
 class Driver:

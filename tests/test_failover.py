@@ -16,12 +16,12 @@ import pytest
 
 import gpuremote
 import gpuremote.xp as xp
-from gpuremote.calls import CALLS_BY_NAME
-from gpuremote.demo import mlp_data, mlp_step
-from gpuremote.executor import SessionLimits
-from gpuremote.failover import FailoverError, FailoverSession
 from gpuremote.proxy import Proxy
-from gpuremote.proxyprocess import LocalProxy
+from gpuremote.proxy.executor import SessionLimits
+from gpuremote.session.failover import FailoverError, FailoverSession
+from gpuremote.tools.demo import mlp_data, mlp_step
+from gpuremote.tools.proxyprocess import LocalProxy
+from gpuremote.wire.calls import CALLS_BY_NAME
 
 _C = CALLS_BY_NAME
 

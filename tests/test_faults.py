@@ -184,10 +184,10 @@ async def test_the_client_refuses_an_unsupported_dtype() -> None:
 
 def test_the_memory_quota_covers_launch_new_and_launch_dynamic() -> None:
     from gpuremote.backends import NumpyBackend
-    from gpuremote.calls import CALLS_BY_NAME
-    from gpuremote.executor import Executor, SessionLimits
-    from gpuremote.framing import Frame
-    from gpuremote.protocol import decode_request, encode_request
+    from gpuremote.proxy.executor import Executor, SessionLimits
+    from gpuremote.wire.calls import CALLS_BY_NAME
+    from gpuremote.wire.framing import Frame
+    from gpuremote.wire.protocol import decode_request, encode_request
 
     ex = Executor(NumpyBackend(), SessionLimits(max_device_bytes=100))
     op = {n: CALLS_BY_NAME[n].opcode for n in ("alloc", "memset", "launch_new", "launch_dynamic")}
@@ -216,8 +216,8 @@ async def test_a_frame_cut_halfway_to_the_proxy_frees_what_it_received() -> None
     from gpuremote.transports import Address
 
     import gpuremote
-    from gpuremote.framing import HEADER, MAGIC, VERSION
     from gpuremote.proxy import Proxy
+    from gpuremote.wire.framing import HEADER, MAGIC, VERSION
 
     proxy = Proxy("numpy")
     url = await proxy.start("tcp://127.0.0.1:0")
@@ -246,8 +246,8 @@ async def test_a_reply_cut_halfway_to_the_client_fails_its_call() -> None:
     import asyncio
 
     import gpuremote
-    from gpuremote.framing import HEADER, MAGIC, VERSION, encode_frame
-    from gpuremote.protocol import encode_greeting
+    from gpuremote.wire.framing import HEADER, MAGIC, VERSION, encode_frame
+    from gpuremote.wire.protocol import encode_greeting
 
     async def half_proxy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         greeting = encode_greeting(1, False, b"n" * 16)

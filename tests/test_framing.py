@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuremote.errors import LimitExceeded, LocalProtocolError, ProtocolError, RemoteProtocolError
-from gpuremote.framing import (
+from gpuremote.wire.framing import (
     HEADER,
     MAGIC,
     VERSION,

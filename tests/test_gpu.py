@@ -10,7 +10,7 @@ import pytest
 import gpuremote
 from gpuremote.backends import cupy_usable
 from gpuremote.backends.base import buffer_owner
-from gpuremote.demo import mlp_data, train_local, train_remote
+from gpuremote.tools.demo import mlp_data, train_local, train_remote
 
 usable, why = cupy_usable()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not usable, reason=f"needs a GPU: {why}")]

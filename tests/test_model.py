@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import gpuremote
-from gpuremote.local import TraceEntry, connect_local
-from gpuremote.model import Costs, load_trace, predict, save_trace
-from gpuremote.workloads import WORKLOADS
+from gpuremote.tools.direct import TraceEntry, connect_direct
+from gpuremote.tools.model import Costs, load_trace, predict, save_trace
+from gpuremote.tools.workloads import WORKLOADS
 
 if TYPE_CHECKING:
     from conftest import Cli
@@ -26,7 +26,7 @@ SMALL = {
 
 @pytest.mark.parametrize("name", sorted(WORKLOADS))
 async def test_workloads_give_the_same_result_locally_and_remotely(name: str, url: str) -> None:
-    local = connect_local("numpy")
+    local = connect_direct("numpy")
     expected = await WORKLOADS[name](local, **SMALL[name])
     await local.aclose()
     async with gpuremote.connect(url) as gpu:
@@ -35,7 +35,7 @@ async def test_workloads_give_the_same_result_locally_and_remotely(name: str, ur
 
 
 async def test_trace_records_classes_bytes_and_times() -> None:
-    gpu = connect_local("numpy")
+    gpu = connect_direct("numpy")
     x = gpu.asarray(np.ones(1000, np.float32))  # alloc + copy_h2d: 4000 bytes out
     y = gpu.exp(x)
     await y.get()  # sync: 4000 bytes in
@@ -55,7 +55,7 @@ async def test_trace_records_classes_bytes_and_times() -> None:
 
 
 async def test_mlp_training_step_makes_one_synchronous_round_trip() -> None:
-    gpu = connect_local("numpy")
+    gpu = connect_direct("numpy")
     await WORKLOADS["mlp"](gpu, **SMALL["mlp"])
     trace = gpu._session.trace  # type: ignore[attr-defined]
     steps = SMALL["mlp"]["steps"]

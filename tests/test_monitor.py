@@ -15,10 +15,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
 import gpuremote
-from gpuremote.calls import CALLS_BY_NAME
-from gpuremote.metrics import start_metrics_server
-from gpuremote.proxyprocess import LocalProxy
-from gpuremote.top import fetch, rates, render
+from gpuremote.proxy.metrics import start_metrics_server
+from gpuremote.tools.proxyprocess import LocalProxy
+from gpuremote.tools.top import fetch, rates, render
+from gpuremote.wire.calls import CALLS_BY_NAME
 
 if TYPE_CHECKING:
     from conftest import Cli

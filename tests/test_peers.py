@@ -14,9 +14,9 @@ import pytest
 
 import gpuremote
 import gpuremote.xp as xp
-from gpuremote.calls import CALLS_BY_NAME
-from gpuremote.peers import MAX_TICKETS_PER_SESSION, Tickets
 from gpuremote.proxy import Proxy
+from gpuremote.proxy.peers import MAX_TICKETS_PER_SESSION, Tickets
+from gpuremote.wire.calls import CALLS_BY_NAME
 
 
 class _Proxies:
@@ -227,7 +227,7 @@ async def test_a_silent_peer_holds_no_device_worker(proxies: _Proxies) -> None:
 
 
 async def test_export_quota_is_per_session(proxies: _Proxies) -> None:
-    from gpuremote.executor import SessionLimits
+    from gpuremote.proxy.executor import SessionLimits
 
     _, ua = proxies.start(session_limits=SessionLimits(max_device_bytes=3000))
     async with gpuremote.connect(ua) as g1, gpuremote.connect(ua) as g2:

@@ -14,7 +14,7 @@ import pytest
 
 import gpuremote
 import gpuremote.xp as xp
-from gpuremote.calls import CALLS_BY_NAME
+from gpuremote.wire.calls import CALLS_BY_NAME
 
 ray = pytest.importorskip("ray", reason="the pool needs Ray: pip install 'gpuremote[ray]'")
 gr = pytest.importorskip("gpuremote.pool")
@@ -74,7 +74,7 @@ def test_the_secret_travels_through_ray_only(pool: Any) -> None:
 
 
 async def test_a_pool_client_makes_no_admin_calls(pool: Any) -> None:
-    from gpuremote.top import fetch
+    from gpuremote.tools.top import fetch
 
     secret = gr.place_now("test-pool")[1]  # what every client of the pool is given
     _, token = pool.credentials()  # the driver's side: the pool manager's own token
@@ -226,7 +226,7 @@ def failover_pool(ray_address: str) -> Iterator[Any]:
 def test_a_session_survives_its_proxy_killed_twice(failover_pool: Any) -> None:
     """The demo's MLP, 400 steps on a pool of two; the session's proxy killed before step
     200 and again before step 300: the run ends with the uninterrupted run's weights."""
-    from gpuremote.demo import mlp_data, mlp_step
+    from gpuremote.tools.demo import mlp_data, mlp_step
 
     data = mlp_data()
 

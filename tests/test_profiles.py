@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 import gpuremote
 from gpuremote.backends import BackendError, get_backend
 from gpuremote.backends.profiles import PROFILES, copy_time, op_time, op_work
-from gpuremote.local import connect_local
-from gpuremote.model import local_seconds, predict
 from gpuremote.ops import OPS
 from gpuremote.proxy import Proxy
+from gpuremote.tools.direct import connect_direct
+from gpuremote.tools.model import local_seconds, predict
 
 if TYPE_CHECKING:
     from conftest import Cli
@@ -114,7 +114,7 @@ def test_virtual_clock_waits_only_at_synchronising_calls(compute: str) -> None:
 
 
 async def test_local_trace_records_the_simulated_device_time_apart() -> None:
-    gpu = connect_local("sim:a100,compute=0")
+    gpu = connect_direct("sim:a100,compute=0")
     a = gpu.asarray(np.ones((1024, 1024), np.float32))
     b = gpu.matmul(a, a)
     await b.get()
@@ -131,8 +131,8 @@ async def test_local_trace_records_the_simulated_device_time_apart() -> None:
 
 
 def test_model_overlaps_device_time_with_the_proxy_and_batches() -> None:
-    from gpuremote.local import TraceEntry
-    from gpuremote.model import Costs
+    from gpuremote.tools.direct import TraceEntry
+    from gpuremote.tools.model import Costs
 
     calls = [TraceEntry("launch", "async", 0, 0, 0.0, 0.0, kernel_s=10e-6) for _ in range(10)]
     calls.append(TraceEntry("copy_d2h", "sync", 0, 8, 0.0, 0.0, kernel_s=5e-6))
@@ -152,7 +152,7 @@ def test_the_proxy_time_follows_each_calls_work() -> None:
     a replay, one call doing a step's work, costs the proxy that much more than a read."""
     from gpuremote.bench.requirements import MODES, _fitted, _proxy_per_call, _Run
 
-    from gpuremote.local import TraceEntry
+    from gpuremote.tools.direct import TraceEntry
 
     trace = [
         TraceEntry("step_replay", "async", 0, 0, 1e-6, 90e-6, kernel_s=40e-6),

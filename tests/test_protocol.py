@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuremote.calls import CALLS, CALLS_BY_NAME, Arg, CallClass
 from gpuremote.errors import LimitExceeded, RemoteProtocolError
-from gpuremote.framing import Frame, FrameLimits, frame_bytes, iter_frames
-from gpuremote.protocol import (
+from gpuremote.wire.calls import CALLS, CALLS_BY_NAME, Arg, CallClass
+from gpuremote.wire.framing import Frame, FrameLimits, frame_bytes, iter_frames
+from gpuremote.wire.protocol import (
     DTYPES,
     REQUEST,
     ArrayDesc,

@@ -22,12 +22,13 @@ from hypothesis import strategies as st
 
 import gpuremote
 from gpuremote.backends import NumpyBackend
-from gpuremote.calls import CALLS, CallClass
 from gpuremote.config import transport_settings
 from gpuremote.errors import AuthenticationError, ConnectionClosed, RemoteCallError
-from gpuremote.executor import PROTOCOL_VERSION, Executor, SessionLimits
-from gpuremote.framing import Frame
-from gpuremote.protocol import (
+from gpuremote.proxy.executor import PROTOCOL_VERSION, Executor, SessionLimits
+from gpuremote.tools.proxyprocess import LocalProxy
+from gpuremote.wire.calls import CALLS, CallClass
+from gpuremote.wire.framing import Frame
+from gpuremote.wire.protocol import (
     REPLY,
     STATUS_ERROR,
     BadCommandAt,
@@ -35,7 +36,6 @@ from gpuremote.protocol import (
     decode_request,
     encode_request,
 )
-from gpuremote.proxyprocess import LocalProxy
 
 if TYPE_CHECKING:
     from conftest import Cli
@@ -179,7 +179,7 @@ async def test_quota_errors_and_one_client_at_its_limit_does_not_hurt_another() 
 
 
 async def test_oversized_frame_closes_only_that_connection(network_scheme: str) -> None:
-    limits = gpuremote.framing.FrameLimits(max_frame_bytes=1 << 20)
+    limits = gpuremote.wire.framing.FrameLimits(max_frame_bytes=1 << 20)
     proxy = gpuremote.Proxy("numpy", limits=limits)
     url = await proxy.start(f"{network_scheme}://127.0.0.1:0")
     try:

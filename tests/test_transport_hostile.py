@@ -18,15 +18,16 @@ import numpy as np
 import pytest
 
 import gpuremote
-from gpuremote.auth import is_loopback, proof
-from gpuremote.calls import CALLS_BY_NAME
 from gpuremote.config import transport_settings
 from gpuremote.errors import RemoteCallError
-from gpuremote.executor import PROTOCOL_VERSION, SessionLimits
-from gpuremote.framing import HEADER, MAGIC, VERSION, Frame, frame_bytes, iter_frames
-from gpuremote.protocol import REPLY, decode_greeting, decode_message, encode_request
-from gpuremote.proxyprocess import LocalProxy, rss_bytes
-from gpuremote.top import fetch
+from gpuremote.proxy.executor import PROTOCOL_VERSION, SessionLimits
+from gpuremote.proxy.heap import rss_bytes
+from gpuremote.tools.proxyprocess import LocalProxy
+from gpuremote.tools.top import fetch
+from gpuremote.wire.auth import is_loopback, proof
+from gpuremote.wire.calls import CALLS_BY_NAME
+from gpuremote.wire.framing import HEADER, MAGIC, VERSION, Frame, frame_bytes, iter_frames
+from gpuremote.wire.protocol import REPLY, decode_greeting, decode_message, encode_request
 
 if TYPE_CHECKING:
     from conftest import Cli
@@ -333,7 +334,7 @@ async def test_a_failure_in_the_proxy_is_answered_as_a_proxy_error(
 ) -> None:
     """An exception while the proxy handles a frame fails that batch's calls with an error
     naming it (logged with its traceback); the session goes on."""
-    from gpuremote.devicequeue import DeviceQueue
+    from gpuremote.proxy.devicequeue import DeviceQueue
 
     proxy = gpuremote.Proxy("numpy")
     url = await proxy.start("tcp://127.0.0.1:0")

@@ -59,7 +59,7 @@ def _cpu_s(pid: int) -> float:
 
 async def test_idle_processes_cost_no_cpu() -> None:
     """Two processes, as deployed: an idle connected client and its proxy stay asleep."""
-    from gpuremote.proxyprocess import LocalProxy
+    from gpuremote.tools.proxyprocess import LocalProxy
 
     with LocalProxy("ucx", "numpy", extra_args=("--quiet",)) as p:
         async with gpuremote.connect(p.url) as gpu:
@@ -80,7 +80,7 @@ async def test_idle_processes_cost_no_cpu() -> None:
 
 
 async def test_a_killed_proxy_fails_the_client_at_once() -> None:
-    from gpuremote.proxyprocess import LocalProxy
+    from gpuremote.tools.proxyprocess import LocalProxy
 
     with LocalProxy("ucx", "numpy", extra_args=("--quiet",)) as p:
         gpu = await gpuremote.connect(p.url, call_timeout_s=30)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import gpuremote
-from gpuremote.calls import CALLS_BY_NAME
 from gpuremote.errors import LocalProtocolError
+from gpuremote.wire.calls import CALLS_BY_NAME
 
 
 async def _verify_many(gpu: gpuremote.GPU, n: int = 1000) -> None:

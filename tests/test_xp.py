@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import gpuremote.xp as xp
-from gpuremote.calls import CALLS_BY_NAME
 from gpuremote.errors import RemoteCallError
 from gpuremote.ops import CATEGORIES
 from gpuremote.ops.elementwise import BINARY as _BINARY
 from gpuremote.ops.elementwise import UNARY as _UNARY
-from gpuremote.protocol import DTYPES
+from gpuremote.wire.calls import CALLS_BY_NAME
+from gpuremote.wire.protocol import DTYPES
 from gpuremote.xp import Device
 
 strict.set_array_api_strict_flags(api_version="2024.12")
@@ -931,7 +931,7 @@ def test_lazy_default_device_from_the_configured_url() -> None:
     import subprocess
     import sys
 
-    from gpuremote.proxyprocess import LocalProxy
+    from gpuremote.tools.proxyprocess import LocalProxy
 
     script = "import gpuremote.xp as xp; print(float(xp.sum(xp.ones(3))), xp.ones(1).device.url)"
     with LocalProxy("tcp", "numpy") as proxy:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpuremote.errors import TransportUnavailable
-from gpuremote.framing import FrameLimits
+from gpuremote.wire.framing import FrameLimits
 
 from .base import Address, Connection, ConnectionHandler, Listener, Transport
 

@@ -1,6 +1,6 @@
 """The one small interface that every transport implements.
 
-A transport moves *frames* (``gpuremote.framing.Frame``: metadata bytes plus out-of-band
+A transport moves *frames* (``gpuremote.wire.framing.Frame``: metadata bytes plus out-of-band
 buffers) between a client and a proxy. ``send`` never blocks and never copies a payload: it
 keeps references to the frame's buffers until they are handed to the network, so the caller
 must not change them until ``drain()`` returns. Received buffers belong to the receiver.
@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from gpuremote.errors import ConfigError, ConnectionClosed
-from gpuremote.framing import Frame, FrameLimits
+from gpuremote.wire.framing import Frame, FrameLimits
 
 __all__ = ["Address", "Connection", "ConnectionHandler", "FrameInbox", "Listener", "Transport"]
 

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuremote.errors import ConfigError, ConnectionClosed
-from gpuremote.framing import Frame, FrameLimits
+from gpuremote.wire.framing import Frame, FrameLimits
 
 from .base import Address, Connection, ConnectionHandler, FrameInbox, Listener, Transport
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from gpuremote.errors import ConnectionClosed
-from gpuremote.framing import Frame, as_bytes_view, byte_view, encode_frame
+from gpuremote.wire.framing import Frame, as_bytes_view, byte_view, encode_frame
 
 from .base import Address, Connection, ConnectionHandler, FrameInbox, Listener, Transport
 

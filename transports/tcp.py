@@ -17,7 +17,7 @@ import ssl
 from collections.abc import Callable
 
 from gpuremote.errors import ConfigError, ConnectionClosed, ProtocolError
-from gpuremote.framing import Frame, FrameDecoder, FrameLimits, default_allocate, encode_frame
+from gpuremote.wire.framing import Frame, FrameDecoder, FrameLimits, default_allocate, encode_frame
 
 from .base import Address, Connection, ConnectionHandler, FrameInbox, Listener, Transport
 

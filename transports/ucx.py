@@ -32,9 +32,9 @@ import numpy as np
 from ucxx._lib import libucxx as ucx_api
 from ucxx._lib.arr import Array as UcxArray
 
-from gpuremote.auth import is_loopback
 from gpuremote.errors import ConnectionClosed, LimitExceeded, ProtocolError, RemoteProtocolError
-from gpuremote.framing import (
+from gpuremote.wire.auth import is_loopback
+from gpuremote.wire.framing import (
     DEVICE_DIRECT_MIN,
     HEADER,
     MAGIC,

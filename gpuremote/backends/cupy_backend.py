@@ -24,7 +24,7 @@ from typing import Any
 import cupy as cp
 import numpy as np
 
-from ..framing import byte_view
+from ..wire.framing import byte_view
 from .base import Backend, BackendError, DeviceInfo, buffer_owner
 
 __all__ = ["CupyBackend"]

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..protocol import DTYPES
+from ..wire.protocol import DTYPES
 
 __all__ = [
     "CATEGORIES",

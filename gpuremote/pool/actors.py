@@ -29,7 +29,7 @@ from ..aio import new_event_loop
 from .placement import NAMESPACE, Pool, PoolError, attach, await_ref
 
 if TYPE_CHECKING:
-    from ..proxy import Proxy
+    from ..proxy.server import Proxy
 
 __all__ = ["PoolManager", "ProxyActor", "start_pool"]
 
@@ -53,7 +53,7 @@ class ProxyActor:
     ) -> None:
         import ray
 
-        from ..proxy import Proxy, raise_open_files_limit
+        from ..proxy.server import Proxy, raise_open_files_limit
 
         manager = ray.get_actor(pool, namespace=NAMESPACE)
         secret, admin_token = ray.get(manager.credentials.remote())

@@ -26,9 +26,9 @@ from collections.abc import Callable as _Callable
 from typing import Any as _Any
 from typing import overload as _overload
 
-from ..capture import Step as _Step
 from ..config import resolve_url
-from ..connection import place_now, placed
+from ..core.capture import Step as _Step
+from ..session.connection import place_now, placed
 from . import _standard, fft, linalg
 from ._array import Array as Array
 from ._device import Device, default_device, open_devices, set_default_device
@@ -134,7 +134,7 @@ class _Captured:
         return step(*args, **static)
 
     def stats(self) -> dict[str, _Any]:
-        """Per device: signatures recorded, replays (``gpuremote.capture.Step.stats``)."""
+        """Per device: signatures recorded, replays (``gpuremote.core.capture.Step.stats``)."""
         return {core.owner.url: s.stats() for core, s in self._steps.items()}
 
     def free(self) -> None:
@@ -149,7 +149,7 @@ def capture(fn: _Callable[..., _Any], *, fallback: _builtins.bool = False) -> _C
     replayed by one message, as ``jax.jit`` compiles once: its non-array arguments are
     static; what needs data while recording (``bool()``, ``float()``, a data-dependent
     shape) raises ``CaptureError`` naming the call and the line, or, with ``fallback``,
-    runs uncaptured. See ``gpuremote.capture``."""
+    runs uncaptured. See ``gpuremote.core.capture``."""
     return _Captured(fn, fallback)
 
 

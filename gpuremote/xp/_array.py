@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..arraycore import ArrayRef, fill_param
+from ..core.arrays import ArrayRef, fill_param
 from ..errors import LocalProtocolError
 from ._dtypes import DType, wrap
 
@@ -61,7 +61,7 @@ def encode_index(key: Any, shape: tuple[int, ...]) -> tuple[list[int], tuple[int
 
 
 class Array(ArrayRef):
-    """An array on a gpuremote device (the array core's, ``gpuremote.arraycore``); see the
+    """An array on a gpuremote device (the array core's, ``gpuremote.core.arrays``); see the
     module docstring."""
 
     __slots__ = ()

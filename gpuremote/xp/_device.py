@@ -25,12 +25,12 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ..arraycore import Call, Core, HostCopies, Reply, Steps
-from ..calls import CALLS_BY_NAME, CallSpec
 from ..config import resolve_url
-from ..connection import open_session, place
+from ..core.arrays import Call, Core, HostCopies, Reply, Steps
 from ..errors import ConnectionClosed
-from ..failover import failover_config, open_failover_session
+from ..session.connection import open_session, place
+from ..session.failover import failover_config, open_failover_session
+from ..wire.calls import CALLS_BY_NAME, CallSpec
 from ._array import Array
 
 __all__ = ["Device", "default_device", "set_default_device"]
@@ -104,7 +104,7 @@ class Device:
             self._stop_loop()
             raise
         cfg = self.session.config
-        #: the array core of this device's session (``gpuremote.arraycore``)
+        #: the array core of this device's session (``gpuremote.core.arrays``)
         self.core = Core(
             self,
             self.session,

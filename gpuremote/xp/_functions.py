@@ -14,11 +14,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..arraycore import fill_param, scalar_param
+from ..core.arrays import fill_param, scalar_param
 from ..ops import promote, scalar_dtype
 from ..ops.elementwise import BINARY as _BINARY
 from ..ops.elementwise import UNARY as _UNARY
-from ..protocol import DTYPES
+from ..wire.protocol import DTYPES
 from ._array import Array
 from ._device import Device, default_device
 from ._dtypes import DType, wrap

@@ -36,13 +36,12 @@ from typing import Any, NoReturn, Protocol
 
 import numpy as np
 
-from . import ops
-from .calls import CALLS_BY_NAME, CallSpec
-from .clientsession import BUFFER
-from .errors import LocalProtocolError, RemoteCallError
-from .framing import byte_view
-from .ops import OpError, OpTypeError
-from .protocol import DTYPES
+from .. import ops
+from ..errors import LocalProtocolError, RemoteCallError
+from ..ops import OpError, OpTypeError
+from ..wire.calls import BUFFER, CALLS_BY_NAME, CallSpec
+from ..wire.framing import byte_view
+from ..wire.protocol import DTYPES
 from .recording import Recording
 
 __all__ = [
@@ -127,7 +126,7 @@ _written: set[Buffer] | None = None  # the buffers written while a step is captu
 
 
 def collect_writes(into: set[Buffer] | None) -> None:
-    """While a step is captured (``gpuremote.capture``), add every buffer written to
+    """While a step is captured (``gpuremote.core.capture``), add every buffer written to
     ``into``; ``None``: stop."""
     global _written
     _written = into
@@ -357,7 +356,7 @@ class Core:
         self.release = release
         self.make = make
         self.copies = copies
-        #: the step being captured (``gpuremote.capture``): reading data is refused
+        #: the step being captured (``gpuremote.core.capture``): reading data is refused
         self.recording: Recording | None = None
 
     # -- allocation ------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """AI workloads on the client API, with synthetic data: the same code runs locally
-(``gpuremote.local.connect_local``, the baseline) and through a proxy.
+(``gpuremote.tools.direct.connect_direct``, the baseline) and through a proxy.
 
 - ``mlp``: MLP training steps (forward, backward, SGD update), the loss read back each step.
 - ``transformer``: inference of a transformer block at batch 1 (layer norm, attention with
@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 
 import numpy as np
 
-from .client import GPU, RemoteArray
+from ..client import GPU, RemoteArray
 from .demo import mlp_data, train_remote
 
 __all__ = ["WORKLOADS", "mlp", "transformer", "transformer_block", "upload"]

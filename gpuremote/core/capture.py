@@ -6,7 +6,7 @@ and dtypes, the static values, the stream) records the ASYNC calls ``fn`` makes 
 as usual, and sends the recording once (``step_record``); every later call with that signature
 sends one ``step_replay`` naming the recording, the argument arrays and handles for the results:
 the proxy runs the recorded calls without decoding or checking them again
-(``gpuremote.steps``). Like ``jax.jit``:
+(``gpuremote.proxy.steps``). Like ``jax.jit``:
 
 - ``fn``'s array arguments are its inputs; anything else it is given is static (part of the
   signature); arrays it reads from elsewhere (a closure, a global) are used by reference, so
@@ -30,9 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .arraycore import ArrayRef, Buffer, Core, collect_writes
-from .calls import CALLS_BY_NAME, CallSpec
-from .protocol import MAX_LIST
+from ..wire.calls import CALLS_BY_NAME, CallSpec
+from ..wire.protocol import MAX_LIST
+from .arrays import ArrayRef, Buffer, Core, collect_writes
 from .recording import Recording
 
 __all__ = ["Step"]
@@ -43,7 +43,7 @@ _RECORD, _REPLAY, _FREE_STEP = (
     CALLS_BY_NAME["step_free"],
 )
 _FREE = CALLS_BY_NAME["free"]
-_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # gpuremote/
 #: not the user's code either: the standard library (asyncio's loop, when the calling thread
 #: drives the session's loop, runs between the user's line and the call)
 _NOT_USER = (_PACKAGE, os.path.dirname(os.path.abspath(os.__file__)))

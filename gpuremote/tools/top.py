@@ -18,10 +18,10 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from .calls import CALLS_BY_NAME
-from .clientsession import ClientSession
-from .config import resolve_url
-from .connection import open_session
+from ..config import resolve_url
+from ..session.connection import open_session
+from ..session.pipeline import ClientSession
+from ..wire.calls import CALLS_BY_NAME
 
 __all__ = ["fetch", "rates", "render", "run_top"]
 
@@ -246,7 +246,7 @@ async def run_top_pool(
     from rich.console import Console
     from rich.live import Live
 
-    from .pool import get_pool
+    from ..pool import get_pool
 
     pool = get_pool(name, address=address)
     secret, token = pool.credentials()

@@ -1,9 +1,9 @@
 """Local execution: the same client API on the same backend, in-process, with no remoting.
 
-``connect_local()`` returns a ``GPU`` whose calls run at once on an ``Executor`` in this
+``connect_direct()`` returns a ``GPU`` whose calls run at once on an ``Executor`` in this
 process: no protocol, no transport, no pipeline. It is the baseline that remote runs are
 compared with, and it records the call trace that the overhead model replays
-(``gpuremote.model``): for each call its class, bytes each way, the client's time since the
+(``gpuremote.tools.model``): for each call its class, bytes each way, the client's time since the
 previous call returned, and the time the call ran on the device.
 """
 
@@ -16,18 +16,18 @@ from typing import Any
 
 import numpy as np
 
-from .backends import Backend, get_backend
-from .calls import CALLS_BY_NAME, Arg, CallSpec
-from .client import GPU
-from .clientsession import BUFFER, Counters
-from .config import PipelineConfig
-from .errors import ConnectionClosed
-from .executor import Executor
-from .framing import byte_view
-from .protocol import DTYPES, ArrayDesc, Command, decode_step
-from .recording import Recording
+from ..backends import Backend, get_backend
+from ..client import GPU
+from ..config import PipelineConfig
+from ..core.recording import Recording
+from ..errors import ConnectionClosed
+from ..proxy.executor import Executor
+from ..session.pipeline import Counters
+from ..wire.calls import BUFFER, CALLS_BY_NAME, Arg, CallSpec
+from ..wire.framing import byte_view
+from ..wire.protocol import DTYPES, ArrayDesc, Command, decode_step
 
-__all__ = ["DirectSession", "TraceEntry", "connect_local"]
+__all__ = ["DirectSession", "TraceEntry", "connect_direct", "trace_of"]
 
 _FREE = CALLS_BY_NAME["free"]
 
@@ -202,10 +202,19 @@ class DirectSession:
         self.executor.close()
 
 
-def connect_local(backend: str | Backend = "numpy", *, record: bool = True) -> GPU:
+def connect_direct(backend: str | Backend = "numpy", *, record: bool = True) -> GPU:
     """A ``GPU`` that runs every call at once, in this process, on ``backend``."""
     be = get_backend(backend) if isinstance(backend, str) else backend
     session = DirectSession(be, record=record)
     info: dict[str, Any] = dict(be.device_info())
     info.update(protocol=0, session=0, local=True)
     return GPU(session, "local://", info)  # type: ignore[arg-type]
+
+
+def trace_of(gpu: GPU) -> list[TraceEntry]:
+    """The calls that ``gpu`` (made by ``connect_direct``) has run so far, as the live list
+    its session appends to; empty where it does not record them."""
+    session = gpu.session
+    if not isinstance(session, DirectSession):
+        raise TypeError(f"trace_of needs a GPU made by connect_direct, not one on {gpu.url}")
+    return session.trace if session.trace is not None else []

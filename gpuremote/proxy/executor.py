@@ -17,12 +17,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .backends import Backend
-from .calls import CallClass
-from .errors import PeerUnreachable
-from .framing import DEVICE_DIRECT_MIN, byte_view
-from .ops import OPS, infer
-from .protocol import (
+from ..backends import Backend
+from ..errors import PeerUnreachable
+from ..ops import OPS, infer
+from ..wire.calls import CallClass
+from ..wire.framing import DEVICE_DIRECT_MIN, byte_view
+from ..wire.protocol import (
     PROTOCOL_VERSION,
     ArrayDesc,
     BadCommandAt,
@@ -383,7 +383,7 @@ class Executor:
         return ctx.reply_buffer(data)
 
     def _cmd_stats(self, ctx: _Ctx) -> Any:
-        from .proxyprocess import peak_rss_bytes, rss_bytes
+        from .heap import peak_rss_bytes, rss_bytes
 
         return {
             **self.stats(),
@@ -727,7 +727,7 @@ class Executor:
         self.bytes_in += data.nbytes
         return data.nbytes
 
-    # -- recorded steps (gpuremote.steps) ----------------------------------------------------
+    # -- recorded steps (gpuremote.proxy.steps) ----------------------------------------------------
     def _cmd_step_record(self, ctx: _Ctx, handle: int, program: StepProgram) -> None:
         if handle in self.steps:
             raise CallFailed(f"step handle {handle} is already in use")

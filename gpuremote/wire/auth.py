@@ -18,8 +18,8 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from .config import load_config_file
-from .errors import ConfigError
+from ..config import load_config_file
+from ..errors import ConfigError
 
 __all__ = [
     "NONCE_BYTES",

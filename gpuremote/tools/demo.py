@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .client import GPU
+from ..client import GPU
 
 __all__ = ["DemoResult", "mlp_data", "mlp_step", "train_local", "train_remote"]
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .local import TraceEntry
+from .direct import TraceEntry
 
 __all__ = ["Costs", "Prediction", "load_trace", "local_seconds", "predict", "save_trace"]
 

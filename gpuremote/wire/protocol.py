@@ -20,8 +20,8 @@ from typing import Any, NamedTuple
 import msgpack
 import numpy as np
 
+from ..errors import LimitExceeded, RemoteCallError, RemoteProtocolError
 from .calls import CALLS_BY_OPCODE, Arg, CallSpec
-from .errors import LimitExceeded, RemoteCallError, RemoteProtocolError
 from .framing import Frame, FrameLimits
 
 __all__ = [
@@ -541,7 +541,7 @@ def _check_step(v: Any, name: str, ctx: DecodeContext) -> StepProgram:
 
 def decode_step(v: Any, limits: FrameLimits = FrameLimits()) -> StepProgram:
     """A recorded step's wire form, checked (``BadCommand`` if it is not a valid step): for
-    sessions that run calls without a wire (``gpuremote.local``)."""
+    sessions that run calls without a wire (``gpuremote.tools.direct``)."""
     return _check_step(v, "program", DecodeContext(0, limits, []))
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import LimitExceeded, LocalProtocolError, RemoteProtocolError
+from ..errors import LimitExceeded, LocalProtocolError, RemoteProtocolError
 
 __all__ = [
     "DEVICE_DIRECT_MIN",

@@ -25,8 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .calls import CALLS_BY_NAME, Arg, CallSpec
-from .protocol import ArrayDesc, StepProgram
+from ..wire.calls import CALLS_BY_NAME, Arg, CallSpec
+from ..wire.protocol import ArrayDesc, StepProgram
 
 __all__ = ["Binds", "RecordedStep", "StepError"]
 

@@ -1,7 +1,7 @@
 """The calls of a step being captured (client side): what ``step_record`` sends.
 
-While a step is captured (``gpuremote.capture``), each ASYNC call the array core posts is also
-added here, in the wire form of a step (``gpuremote.protocol``'s ``Arg.STEP``): ``[opcode,
+While a step is captured (``gpuremote.core.capture``), each ASYNC call the array core posts is also
+added here, in the wire form of a step (``gpuremote.wire.protocol``'s ``Arg.STEP``): ``[opcode,
 stream, args]`` with the arrays it names listed once in a table of the step's own. The calls
 still run as usual: the first call of a captured step records and runs.
 """
@@ -12,9 +12,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .calls import CALLS_BY_NAME, Arg, CallSpec
-from .errors import CaptureError
-from .protocol import STEP_CALLS
+from ..errors import CaptureError
+from ..wire.calls import CALLS_BY_NAME, Arg, CallSpec
+from ..wire.protocol import STEP_CALLS
 
 __all__ = ["Recording"]
 

@@ -18,15 +18,15 @@ import importlib
 from collections.abc import Sequence
 from typing import Any
 
-from .auth import load_secret, proof
-from .calls import CALLS_BY_NAME
-from .clientsession import ClientSession
-from .config import PipelineConfig, pipeline_config, transport_settings
-from .errors import AuthenticationError, ConfigError, RemoteProtocolError
-from .framing import FrameLimits
-from .protocol import PROTOCOL_VERSION, decode_greeting
-from .transports import Address
-from .transports import connect as transport_connect
+from ..config import PipelineConfig, pipeline_config, transport_settings
+from ..errors import AuthenticationError, ConfigError, RemoteProtocolError
+from ..transports import Address
+from ..transports import connect as transport_connect
+from ..wire.auth import load_secret, proof
+from ..wire.calls import CALLS_BY_NAME
+from ..wire.framing import FrameLimits
+from ..wire.protocol import PROTOCOL_VERSION, decode_greeting
+from .pipeline import ClientSession
 
 __all__ = ["PLACERS", "open_session", "place", "place_now", "placed"]
 

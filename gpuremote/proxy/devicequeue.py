@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .protocol import ArrayDesc, BadCommandAt, Command, Reply
+from ..wire.protocol import ArrayDesc, BadCommandAt, Command, Reply
 
 __all__ = ["DeviceQueue", "estimate_ns"]
 

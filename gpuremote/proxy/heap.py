@@ -1,4 +1,5 @@
-"""Giving a flood's memory back: the proxy's heap after many sessions have ended.
+"""A process's memory (``rss_bytes``), and giving a flood's memory back: the proxy's heap
+after many sessions have ended.
 
 CPython keeps freed small objects' memory in arenas, and its free lists (floats, tuples,
 contexts, ...) keep some freed objects whole; a few survivors keep a whole arena from going
@@ -10,10 +11,12 @@ the C heap, so its RSS returns to about where it was.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+from pathlib import Path
 from typing import Any
 
-__all__ = ["HeapKeeper", "release_free_memory"]
+__all__ = ["HeapKeeper", "peak_rss_bytes", "release_free_memory", "reset_peak_rss", "rss_bytes"]
 
 _malloc_trim: Any = None
 
@@ -107,3 +110,31 @@ class HeapKeeper:
         self._peak = self._live
         self.collections += 1
         release_free_memory()
+
+
+# -- a process's memory, as Linux reports it ----------------------------------------------------
+def _status_kb(pid: int | str, key: str) -> int:
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def peak_rss_bytes(pid: int | str = "self") -> int:
+    """Peak resident memory of a process (Linux ``VmHWM``); 0 where unknown."""
+    return _status_kb(pid, "VmHWM")
+
+
+def rss_bytes(pid: int | str = "self") -> int:
+    """Current resident memory of a process (Linux ``VmRSS``); 0 where unknown."""
+    return _status_kb(pid, "VmRSS")
+
+
+def reset_peak_rss(pid: int | str = "self") -> bool:
+    """Reset a process's peak-memory mark (Linux ``clear_refs``); False where not allowed."""
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True

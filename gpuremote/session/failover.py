@@ -48,11 +48,8 @@ from typing import Any
 
 import msgpack
 
-from .calls import CALLS_BY_NAME, CALLS_BY_OPCODE, CallSpec
-from .clientsession import BUFFER, ClientSession, Counters
-from .config import PipelineConfig
-from .connection import open_session, place, placed
-from .errors import (
+from ..config import PipelineConfig
+from ..errors import (
     ConfigError,
     ConnectionClosed,
     FailoverError,
@@ -62,8 +59,11 @@ from .errors import (
     RemoteCallError,
     RemoteProtocolError,
 )
-from .framing import FrameLimits
-from .protocol import DTYPES
+from ..wire.calls import BUFFER, CALLS_BY_NAME, CALLS_BY_OPCODE, CallSpec
+from ..wire.framing import FrameLimits
+from ..wire.protocol import DTYPES
+from .connection import open_session, place, placed
+from .pipeline import ClientSession, Counters
 
 __all__ = [
     "FailoverConfig",
@@ -324,7 +324,7 @@ class FailoverSession:
         self._dead: set[str] = set()
         self._error: BaseException | None = None
         self._closing = False
-        #: the step being captured (``gpuremote.capture``): calls that wait are refused
+        #: the step being captured (``gpuremote.core.capture``): calls that wait are refused
         self.recording: Any = None
         #: one dict per move: from, to, cause, detected (``time.perf_counter``), standby
         #: (whether the checkpoint's copies were there), and the seconds spent reconnecting,

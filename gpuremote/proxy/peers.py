@@ -30,15 +30,15 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .calls import CALLS_BY_NAME
-from .connection import open_session
-from .errors import ConfigError, PeerUnreachable
-from .protocol import Command
-from .transports import Address
+from ..errors import ConfigError, PeerUnreachable
+from ..session.connection import open_session
+from ..transports import Address
+from ..wire.calls import CALLS_BY_NAME
+from ..wire.protocol import Command
 
 if TYPE_CHECKING:
-    from .clientsession import ClientSession
-    from .protocol import BadCommandAt
+    from ..session.pipeline import ClientSession
+    from ..wire.protocol import BadCommandAt
 
 __all__ = [
     "PEER_TIMEOUT_S",
@@ -140,7 +140,7 @@ class PeerLinks:
 
     ``allowed`` are the peers' URLs (``allow`` replaces them); a read from any other URL is
     refused before any connection is attempted. ``connect`` opens a link (by default
-    ``gpuremote.connection.open_session`` with the proxy's secret). Runs on ``loop``."""
+    ``gpuremote.session.connection.open_session`` with the proxy's secret). Runs on ``loop``."""
 
     def __init__(
         self,

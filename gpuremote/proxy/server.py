@@ -22,20 +22,20 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
-from .auth import is_loopback
-from .backends import Backend, get_backend
-from .config import transport_settings
+from ..backends import Backend, get_backend
+from ..config import transport_settings
+from ..errors import ConfigError, GpuRemoteError
+from ..transports import Address, Connection, Listener, listen
+from ..wire.auth import is_loopback
+from ..wire.framing import FrameLimits
+from ..wire.protocol import encode_fatal, encode_notice
 from .deadlines import Deadlines
-from .errors import ConfigError, GpuRemoteError
 from .executor import Executor, SessionLimits
-from .framing import FrameLimits
 from .heap import HeapKeeper, release_free_memory
 from .monitor import totals
 from .peers import PEER_TIMEOUT_S, PeerImports, PeerLinks, Tickets
-from .protocol import encode_fatal, encode_notice
-from .proxysession import HANDSHAKE_LIMITS, ProxySession
 from .scheduler import FairScheduler
-from .transports import Address, Connection, Listener, listen
+from .session import HANDSHAKE_LIMITS, ProxySession
 
 __all__ = ["Proxy", "Service", "raise_open_files_limit", "serve"]
 

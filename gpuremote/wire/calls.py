@@ -15,7 +15,19 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-__all__ = ["CALLS", "CALLS_BY_NAME", "CALLS_BY_OPCODE", "Arg", "CallClass", "CallSpec"]
+__all__ = [
+    "BUFFER",
+    "CALLS",
+    "CALLS_BY_NAME",
+    "CALLS_BY_OPCODE",
+    "Arg",
+    "CallClass",
+    "CallSpec",
+]
+
+#: the placeholder, among a call's arguments, for the out-of-band buffer it sends (the
+#: session puts the buffer's index in its frame there)
+BUFFER = object()
 
 
 class CallClass(enum.Enum):
@@ -27,7 +39,7 @@ class CallClass(enum.Enum):
 
 
 class Arg(enum.Enum):
-    """Argument kinds of the schema; the proxy validates each (``gpuremote.protocol``)."""
+    """Argument kinds of the schema; the proxy validates each (``gpuremote.wire.protocol``)."""
 
     HANDLE = "handle"  # client-chosen id, 0 <= h < 2**63
     SIZE = "size"  # non-negative int
@@ -177,7 +189,7 @@ CALLS: tuple[CallSpec, ...] = (
     CallSpec("event_record", 42, _A, (("handle", Arg.HANDLE),), "record on the call's stream"),
     CallSpec("event_wait", 43, _A, (("handle", Arg.HANDLE),), "make the call's stream wait"),
     CallSpec("event_query", 44, _S, (("handle", Arg.HANDLE),), "has the event completed?"),
-    # -- recorded steps (``gpuremote.capture``) -----------------------------------------------
+    # -- recorded steps (``gpuremote.core.capture``) -----------------------------------------------
     CallSpec(
         "step_record",
         60,
@@ -193,7 +205,7 @@ CALLS: tuple[CallSpec, ...] = (
         "run a recorded step on these argument arrays; its results become new buffers",
     ),
     CallSpec("step_free", 62, _A, (("handle", Arg.HANDLE),), "forget a recorded step"),
-    # -- between proxies (``gpuremote.peers``) ----------------------------------------------
+    # -- between proxies (``gpuremote.proxy.peers``) ----------------------------------------------
     CallSpec(
         "peer_export",
         50,

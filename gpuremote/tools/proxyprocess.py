@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-from .errors import GpuRemoteError
+from ..errors import GpuRemoteError
 
-__all__ = ["LocalProxy", "peak_rss_bytes", "reset_peak_rss", "rss_bytes"]
+__all__ = ["LocalProxy"]
 
 READY = "gpuremote proxy listening on "
 
@@ -42,7 +40,7 @@ class LocalProxy:
         self._made_secret = False
 
     def _ensure_secret(self) -> None:
-        from .auth import load_secret
+        from ..wire.auth import load_secret
 
         if (
             "ucx" in self.transport
@@ -117,30 +115,3 @@ class LocalProxy:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _status_kb(pid: int | str, key: str) -> int:
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def peak_rss_bytes(pid: int | str = "self") -> int:
-    """Peak resident memory of a process (Linux ``VmHWM``); 0 where unknown."""
-    return _status_kb(pid, "VmHWM")
-
-
-def rss_bytes(pid: int | str = "self") -> int:
-    """Current resident memory of a process (Linux ``VmRSS``); 0 where unknown."""
-    return _status_kb(pid, "VmRSS")
-
-
-def reset_peak_rss(pid: int | str = "self") -> bool:
-    """Reset a process's peak-memory mark (Linux ``clear_refs``); False where not allowed."""
-    try:
-        Path(f"/proc/{pid}/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return True

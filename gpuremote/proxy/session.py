@@ -21,14 +21,11 @@ from collections import deque
 from collections.abc import Callable, Generator
 from typing import Any
 
-from .auth import new_nonce, verify
-from .deadlines import Deadlines
-from .devicequeue import DeviceQueue, Result, estimate_ns
-from .errors import ConnectionClosed, GpuRemoteError, LimitExceeded, ProtocolError
-from .executor import Executor
-from .framing import Frame, FrameLimits
-from .monitor import SessionFigures
-from .protocol import (
+from ..errors import ConnectionClosed, GpuRemoteError, LimitExceeded, ProtocolError
+from ..transports import Connection
+from ..wire.auth import new_nonce, verify
+from ..wire.framing import Frame, FrameLimits
+from ..wire.protocol import (
     PROTOCOL_VERSION,
     BadCommandAt,
     Command,
@@ -41,8 +38,11 @@ from .protocol import (
     encode_replies,
     request_local_calls,
 )
+from .deadlines import Deadlines
+from .devicequeue import DeviceQueue, Result, estimate_ns
+from .executor import Executor
+from .monitor import SessionFigures
 from .scheduler import FairScheduler
-from .transports import Connection
 
 __all__ = ["HANDSHAKE_LIMITS", "MAX_BATCHES_IN_FLIGHT", "ProxySession"]
 

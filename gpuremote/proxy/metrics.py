@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Iterator
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["ProxyCollector", "start_metrics_server"]
 

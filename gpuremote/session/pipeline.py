@@ -1,6 +1,7 @@
-"""A client's session with a proxy (``ClientSession``, made by ``gpuremote.connection``): the
-command pipeline of one connection, the handles it chooses, its pending replies, deferred
-errors and counters. The proxy's side of the same session is ``gpuremote.proxysession``.
+"""A client's session with a proxy (``ClientSession``, made by
+``gpuremote.session.connection``): the command pipeline of one connection, the handles it
+chooses, its pending replies, deferred errors and counters. The proxy's side of the same
+session is ``gpuremote.proxy.session``.
 
 ASYNC calls are appended to a queue and sent together as one frame: when a SYNC call needs the
 wire, when the batch reaches ``max_batch_calls`` or ``max_batch_bytes``, when control returns
@@ -24,25 +25,22 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .aio import spin_until_done
-from .calls import CALLS_BY_NAME, CALLS_BY_OPCODE, Arg, CallClass, CallSpec
-from .config import PipelineConfig
-from .errors import (
+from ..aio import spin_until_done
+from ..config import PipelineConfig
+from ..errors import (
     ConnectionClosed,
     GpuRemoteError,
     LocalProtocolError,
     RemoteProtocolError,
 )
-from .framing import Frame
-from .protocol import FATAL, NOTICE, REPLY, check_encodable, decode_message, decode_replies
-from .protocol import encode_request as _encode_request
-from .recording import Recording
-from .transports import Connection
+from ..transports import Connection
+from ..wire.calls import BUFFER, CALLS_BY_NAME, CALLS_BY_OPCODE, Arg, CallClass, CallSpec
+from ..wire.framing import Frame
+from ..wire.protocol import FATAL, NOTICE, REPLY, check_encodable, decode_message, decode_replies
+from ..wire.protocol import encode_request as _encode_request
+from .contract import Recorder
 
 __all__ = ["BUFFER", "ClientSession", "Counters"]
-
-#: placeholder for the out-of-band buffer argument of a call
-BUFFER = object()
 
 _FREE, _FREE_BUFFERS = CALLS_BY_NAME["free"], CALLS_BY_NAME["free_buffers"]
 _FREES_PER_COMMAND = 64  # the protocol's longest list of handles
@@ -148,11 +146,11 @@ class ClientSession:
         self._error: BaseException | None = None
         self._unsent: deque[LocalProtocolError] = deque()  # ASYNC calls that were not sent
         self._closing = False
-        #: the step being captured (``gpuremote.capture``): calls that wait are refused
-        self.recording: Recording | None = None
+        #: the step being captured (``gpuremote.core.capture``): calls that wait are refused
+        self.recording: Recorder | None = None
         self.notices: deque[Any] = deque(maxlen=64)  # the proxy's latest notices
         self.shutting_down = False
-        #: the URL this session was opened to (``gpuremote.connection.open_session``)
+        #: the URL this session was opened to (``gpuremote.session.connection.open_session``)
         self.url = ""
         #: called once with the error when the session fails (connection lost, no reply in
         #: time, a bad reply): how a failover session learns that its proxy is gone

@@ -13,13 +13,13 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from .errors import GpuRemoteError
+from ..errors import GpuRemoteError
 
 __all__ = ["render_status", "run_pool_command"]
 
 
 def _attach(args: argparse.Namespace, start_if_missing: bool) -> Any:
-    from .pool import PoolError, attach
+    from ..pool import PoolError, attach
 
     try:
         return attach(args.address)
@@ -55,7 +55,7 @@ def render_status(name: str, rows: list[dict[str, Any]]) -> Table:
 
 
 def run_pool_command(args: argparse.Namespace) -> int:
-    from .pool import get_pool, start_pool
+    from ..pool import get_pool, start_pool
 
     console = Console() if sys.stdout.isatty() else Console(width=160)  # no wrapped URLs
     if args.pool_command == "start":
