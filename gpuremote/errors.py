@@ -16,11 +16,13 @@ __all__ = [
     "GpuRemoteError",
     "LimitExceeded",
     "LocalProtocolError",
+    "PeerNotAllowed",
     "PeerUnreachable",
     "ProtocolError",
     "RemoteCallError",
     "RemoteProtocolError",
     "TransportUnavailable",
+    "UnknownHandle",
 ]
 
 
@@ -75,6 +77,22 @@ class PeerUnreachable(GpuRemoteError):
     through the client); reported to the client as a ``RemoteCallError`` of this kind."""
 
 
+class PeerNotAllowed(PeerUnreachable):
+    """A proxy may not read from another one: it is not among its peers (``serve --peer``;
+    a pool's proxies are each other's)."""
+
+
+class UnknownHandle(GpuRemoteError):
+    """A call named a buffer, stream, event, kernel or recorded step that its session does
+    not hold; reported to the client as a ``RemoteCallError`` of this kind."""
+
+
+#: the errors of the proxy's that a client tells apart, by the ``kind`` it is sent
+_KINDS: dict[str, type[GpuRemoteError]] = {
+    cls.__name__: cls for cls in (PeerUnreachable, PeerNotAllowed, UnknownHandle)
+}
+
+
 class RemoteCallError(GpuRemoteError):
     """A call failed on the proxy.
 
@@ -108,3 +126,9 @@ class RemoteCallError(GpuRemoteError):
         if skipped:
             text += f" ({skipped} later call(s) on that stream were not run)"
         super().__init__(text)
+
+    def is_a(self, error: type[GpuRemoteError]) -> bool:
+        """Whether the proxy reported this failure as ``error`` (or one of its kinds): for
+        the proxy's errors a client acts on (``PeerUnreachable``, ``UnknownHandle``)."""
+        cls = _KINDS.get(self.kind)
+        return cls is not None and issubclass(cls, error)

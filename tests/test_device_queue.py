@@ -23,12 +23,13 @@ from gpuremote.backends.sim_backend import SimBackend
 from gpuremote.errors import ConfigError, ConnectionClosed
 from gpuremote.proxy import Proxy
 from gpuremote.proxy.devicequeue import estimate_ns
-from gpuremote.proxy.executor import PROTOCOL_VERSION, Executor
+from gpuremote.proxy.executor import Executor
 from gpuremote.proxy.session import ProxySession
 from gpuremote.wire.calls import CALLS_BY_NAME
 from gpuremote.wire.framing import Frame, FrameLimits
 from gpuremote.wire.protocol import (
     FATAL,
+    PROTOCOL_VERSION,
     decode_message,
     decode_replies,
     decode_request,

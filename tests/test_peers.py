@@ -15,8 +15,9 @@ import pytest
 import gpuremote
 import gpuremote.xp as xp
 from gpuremote.proxy import Proxy
-from gpuremote.proxy.peers import MAX_TICKETS_PER_SESSION, Tickets
+from gpuremote.proxy.peers import Tickets
 from gpuremote.wire.calls import CALLS_BY_NAME
+from gpuremote.wire.limits import MAX_TICKETS_PER_SESSION
 
 
 class _Proxies:

@@ -24,11 +24,12 @@ import gpuremote
 from gpuremote.backends import NumpyBackend
 from gpuremote.config import transport_settings
 from gpuremote.errors import AuthenticationError, ConnectionClosed, RemoteCallError
-from gpuremote.proxy.executor import PROTOCOL_VERSION, Executor, SessionLimits
+from gpuremote.proxy.executor import Executor, SessionLimits
 from gpuremote.tools.proxyprocess import LocalProxy
 from gpuremote.wire.calls import CALLS, CallClass
 from gpuremote.wire.framing import Frame
 from gpuremote.wire.protocol import (
+    PROTOCOL_VERSION,
     REPLY,
     STATUS_ERROR,
     BadCommandAt,
@@ -271,7 +272,7 @@ def hostile_batches(draw: Any) -> tuple[list[Any], list[Any], list[memoryview]]:
     for seq in range(draw(st.integers(1, 8))):
         spec = draw(st.sampled_from(WIRE))
         args: list[Any] = []
-        for _, kind in spec.args:
+        for kind in (p.kind for p in spec.args):
             if kind.value == "array":
                 args.append(draw(st.one_of(st.integers(-1, 5), hostile_values)))
             elif kind.value == "arrays":

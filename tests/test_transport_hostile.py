@@ -20,14 +20,20 @@ import pytest
 import gpuremote
 from gpuremote.config import transport_settings
 from gpuremote.errors import RemoteCallError
-from gpuremote.proxy.executor import PROTOCOL_VERSION, SessionLimits
+from gpuremote.proxy.executor import SessionLimits
 from gpuremote.proxy.heap import rss_bytes
 from gpuremote.tools.proxyprocess import LocalProxy
 from gpuremote.tools.top import fetch
 from gpuremote.wire.auth import is_loopback, proof
 from gpuremote.wire.calls import CALLS_BY_NAME
 from gpuremote.wire.framing import HEADER, MAGIC, VERSION, Frame, frame_bytes, iter_frames
-from gpuremote.wire.protocol import REPLY, decode_greeting, decode_message, encode_request
+from gpuremote.wire.protocol import (
+    PROTOCOL_VERSION,
+    REPLY,
+    decode_greeting,
+    decode_message,
+    encode_request,
+)
 
 if TYPE_CHECKING:
     from conftest import Cli

@@ -37,10 +37,11 @@ from typing import Any, NoReturn, Protocol
 import numpy as np
 
 from .. import ops
-from ..errors import LocalProtocolError, RemoteCallError
+from ..errors import LocalProtocolError, PeerUnreachable, RemoteCallError
 from ..ops import OpError, OpTypeError
 from ..wire.calls import BUFFER, CALLS_BY_NAME, CallSpec
 from ..wire.framing import byte_view
+from ..wire.limits import WIRE_INT_MAX, WIRE_INT_MIN
 from ..wire.protocol import DTYPES
 from .recording import Recording
 
@@ -69,8 +70,6 @@ _H2D, _D2H, _DYNAMIC = _C["copy_h2d"], _C["copy_d2h"], _C["launch_dynamic"]
 _EXPORT, _IMPORT, _PEER_READ = _C["peer_export"], _C["peer_import"], _C["peer_read"]
 
 _NAMES = {dt: name for name, dt in DTYPES.items()}
-#: the range of integers the wire (msgpack) carries
-_WIRE_INT_MIN, _WIRE_INT_MAX = -(2**63), 2**64 - 1
 
 
 def supported_dtype(dtype: Any) -> np.dtype[Any]:
@@ -217,13 +216,13 @@ def scalar_param(dt: np.dtype[Any], value: Any) -> Any:
     t = type(value)
     if t is float and dt.kind in "fc":  # the common cases first, without a call
         return value
-    if t is int and dt.kind in "fc" and _WIRE_INT_MIN <= value <= _WIRE_INT_MAX:
+    if t is int and dt.kind in "fc" and WIRE_INT_MIN <= value <= WIRE_INT_MAX:
         return value
     if isinstance(value, np.generic):
         value = value.item()
         t = type(value)
     ops.scalar_dtype(dt, value)
-    if t is int and not _WIRE_INT_MIN <= value <= _WIRE_INT_MAX:
+    if t is int and not WIRE_INT_MIN <= value <= WIRE_INT_MAX:
         return float(value)  # OverflowError beyond float's range, as NumPy raises
     if t is complex:
         return None
@@ -236,7 +235,7 @@ def fill_param(dt: np.dtype[Any], value: Any) -> Any:
     for the others)."""
     if isinstance(value, np.generic):
         value = value.item()
-    if type(value) is int and not _WIRE_INT_MIN <= value <= _WIRE_INT_MAX:
+    if type(value) is int and not WIRE_INT_MIN <= value <= WIRE_INT_MAX:
         if dt.kind in "iub":
             raise OverflowError(f"Python int {value} is out of the range of {dt}: cannot be sent")
         return float(value)
@@ -617,7 +616,7 @@ class Core:
             yield (target, _IMPORT, 0, [out._wire, url, ticket], None)
             how = "proxy to proxy"
         except RemoteCallError as exc:
-            if exc.kind != "PeerUnreachable":
+            if not exc.is_a(PeerUnreachable):
                 raise
             value, bufs = yield (self, _PEER_READ, 0, [ticket], None)
             target.post(_H2D, 0, [out._wire, BUFFER], bufs[value])

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..wire.calls import CALLS_BY_NAME, CallSpec
-from ..wire.protocol import MAX_LIST
+from ..wire.limits import MAX_LIST
 from .arrays import ArrayRef, Buffer, Core, collect_writes
 from .recording import Recording
 

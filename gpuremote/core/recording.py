@@ -13,12 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import CaptureError
-from ..wire.calls import CALLS_BY_NAME, Arg, CallSpec
-from ..wire.protocol import STEP_CALLS
+from ..wire.calls import Arg, CallSpec, Resource
 
 __all__ = ["Recording"]
-
-_LAUNCH_NEW, _ALLOC = CALLS_BY_NAME["launch_new"], CALLS_BY_NAME["alloc"]
 
 
 class Recording:
@@ -55,22 +52,22 @@ class Recording:
         if buffer is not None:
             self.refuse(f"{spec.name} (host data sent to the device; pass it as an argument)")
             return
-        if spec.name not in STEP_CALLS:
+        if not spec.recordable:
             self.refuse(f"{spec.name} (a step uses the session's streams, events and kernels)")
             return
         out = list(args)
-        for i, (_, kind) in enumerate(spec.args):
+        for i, kind in spec.array_args:
             a = out[i]
             if kind is Arg.ARRAY:
                 out[i] = self.intern(a)
             elif kind is Arg.ARRAYS:
                 out[i] = [self.intern(w) for w in a]
-            elif kind is Arg.KERNEL_ARGS:
+            else:
                 out[i] = [["a", self.intern(k[1])] if k[0] == "a" else k for k in a]
-        if spec is _LAUNCH_NEW:
-            self.created.update(w[0] for w in args[2])
-        elif spec is _ALLOC:
-            self.created.add(args[0])
+        for i, resource in spec.creates:  # the buffers it makes (by handle, or descriptor)
+            if resource is Resource.BUFFER:
+                a = args[i]
+                self.created.update([w[0] for w in a] if spec.args[i].kind is Arg.ARRAYS else [a])
         self.commands.append([spec.opcode, stream, out])
 
     def intern(self, wire: list[Any]) -> int:

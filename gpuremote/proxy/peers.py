@@ -30,10 +30,11 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, PeerUnreachable
+from ..errors import ConfigError, PeerNotAllowed, PeerUnreachable
 from ..session.connection import open_session
 from ..transports import Address
 from ..wire.calls import CALLS_BY_NAME
+from ..wire.limits import MAX_TICKETS_PER_SESSION
 from ..wire.protocol import Command
 
 if TYPE_CHECKING:
@@ -52,8 +53,6 @@ __all__ = [
 
 #: how long an exported array waits to be read before its copy is dropped
 TICKET_TTL_S = 60.0
-#: the most tickets one session may have outstanding (each holds a copy of its array)
-MAX_TICKETS_PER_SESSION = 16
 #: how long one read from a peer may take, connecting included, before it fails
 PEER_TIMEOUT_S = 30.0
 #: a link to a peer unused this long is closed
@@ -183,11 +182,11 @@ class PeerLinks:
         return len(self._links)
 
     def check(self, url: str) -> str:
-        """The peer key of ``url``; ``PeerUnreachable`` if it is not one of the peers."""
+        """The peer key of ``url``; ``PeerNotAllowed`` if it is not one of the peers."""
         key = peer_key(url)
         if key not in self._allowed:
             self.refused += 1
-            raise PeerUnreachable(
+            raise PeerNotAllowed(
                 f"{key} is not a peer of this proxy (its peers: "
                 f"{', '.join(sorted(self._allowed)) or 'none'}; serve --peer URL adds one, "
                 "and a pool's proxies are each other's peers)"

@@ -21,7 +21,13 @@ from collections import deque
 from collections.abc import Callable, Generator
 from typing import Any
 
-from ..errors import ConnectionClosed, GpuRemoteError, LimitExceeded, ProtocolError
+from ..errors import (
+    AuthenticationError,
+    ConnectionClosed,
+    GpuRemoteError,
+    LimitExceeded,
+    ProtocolError,
+)
 from ..transports import Connection
 from ..wire.auth import new_nonce, verify
 from ..wire.framing import Frame, FrameLimits
@@ -269,12 +275,15 @@ class ProxySession:
         first = commands[0] if len(commands) == 1 else None
         if type(first) is not Command or first.spec.name != "hello":
             log.warning("session %d: %s sent something else than a hello", self.sid, self.conn.peer)
-            self.refuse("authentication failed" if self._secret else "expected a hello first")
+            if self._secret:
+                self.refuse("authentication failed", AuthenticationError.__name__)
+            else:
+                self.refuse("expected a hello first")
             return False
         if not self.authenticated:  # nothing runs before the proof is checked
             if self._secret is None or not verify(self._secret, self._nonce, first.args[1]):
                 log.warning("session %d: %s failed authentication", self.sid, self.conn.peer)
-                self.refuse("authentication failed")
+                self.refuse("authentication failed", AuthenticationError.__name__)
                 return False
             self.authenticated = True
         self.ready = True
@@ -440,13 +449,14 @@ class ProxySession:
             self._drainer = None
         self._maybe_resume()
 
-    def refuse(self, why: str) -> None:
-        """Tell the client why (FATAL), read nothing more, and close soon after."""
+    def refuse(self, why: str, kind: str = "ProtocolError") -> None:
+        """Tell the client why (FATAL, and the ``kind`` of error it raises for it), read
+        nothing more, and close soon after."""
         if not self.ready:
             self.refused_in_handshake = True
         self._refused = True
         with contextlib.suppress(GpuRemoteError):
-            self.conn.send(encode_fatal(why))
+            self.conn.send(encode_fatal(why, kind))
         self._pause()
         self._loop.call_later(0.5, self.end, why)  # let the FATAL out first
 

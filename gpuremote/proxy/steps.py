@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..wire.calls import CALLS_BY_NAME, Arg, CallSpec
+from ..wire.calls import Arg, CallSpec, Resource
 from ..wire.protocol import ArrayDesc, StepProgram
 
 __all__ = ["Binds", "RecordedStep", "StepError"]
@@ -33,11 +33,10 @@ __all__ = ["Binds", "RecordedStep", "StepError"]
 #: recorded handle -> (the handle it stands for in this replay, offset moved by)
 Binds = dict[int, tuple[int, int]]
 
-_ALLOC, _LAUNCH_NEW = CALLS_BY_NAME["alloc"], CALLS_BY_NAME["launch_new"]
-_LAUNCHES = (CALLS_BY_NAME["launch"], _LAUNCH_NEW)
-
 # how an argument position is rebound
-_DESC, _DESCS, _BUFFER, _KERNEL_ARGS, _BUFFER_AT = 0, 1, 2, 3, 4  # AT: an offset follows
+_DESC, _DESCS, _BUFFER, _KERNEL_ARGS = 0, 1, 2, 3
+#: (position, how, the position of an offset into that buffer or -1) of what a replay rebinds
+Positions = tuple[tuple[int, int, int], ...]
 
 
 class StepError(Exception):
@@ -51,14 +50,14 @@ class StepCall:
     spec: CallSpec
     stream: int
     args: tuple[Any, ...]
-    rebind: tuple[tuple[int, int], ...]  # (position, how) of arrays and buffers to rebind
+    rebind: Positions  # the arrays and buffers to rebind
     op: Any = None  # a launch's op, checked when the step was recorded
     creates: tuple[int, ...] = ()  # the buffers it allocates (results: recorded handles)
 
     @property
     def what(self) -> str:
         """The op of a launch, else the call's name."""
-        return str(self.args[0]) if self.spec in _LAUNCHES else self.spec.name
+        return str(self.args[0]) if self.spec.names_op else self.spec.name
 
 
 @dataclass(slots=True)
@@ -91,18 +90,11 @@ class RecordedStep:
         makes: list[tuple[int, ...]] = []
         for i, cmd in enumerate(program.commands):
             spec, args = cmd.spec, cmd.args
-            op, made = None, {}
+            op = None
             try:
-                if spec in _LAUNCHES:
+                if spec.names_op:
                     op = check_launch(*args)
-                    if spec is _LAUNCH_NEW:
-                        if any(d.offset for d in args[2]):
-                            raise StepError("launch_new outputs must start their buffer")
-                        made = {d.handle: d.nbytes for d in args[2]}
-                        if len(made) != len(args[2]):
-                            raise StepError("launch_new outputs must be different buffers")
-                elif spec is _ALLOC:
-                    made = {args[0]: args[1]}
+                made = _made(spec, args)
             except Exception as exc:
                 raise StepError(f"call {i} ({spec.name}): {exc}") from None
             if made.keys() & created.keys():
@@ -128,7 +120,7 @@ class RecordedStep:
             calls.append(StepCall(cmd.spec, cmd.stream, args, per_replay, op, creates))
         nbytes = {fixed[h][0] if h in fixed else h: n for h, n in created.items()}
         # an alloc's stream does not count: the client allocates on its default stream
-        streams = {cmd.stream for cmd in program.commands if cmd.spec is not _ALLOC}
+        streams = {cmd.stream for cmd in program.commands if cmd.spec.on_stream}
         return cls(
             handle,
             calls,
@@ -169,22 +161,20 @@ def rebind(call: StepCall, binds: Binds) -> tuple[Any, ...]:
     return _rebound(call.args, call.rebind, binds)
 
 
-def _rebound(
-    args: tuple[Any, ...], positions: tuple[tuple[int, int], ...], binds: Binds
-) -> tuple[Any, ...]:
+def _rebound(args: tuple[Any, ...], positions: Positions, binds: Binds) -> tuple[Any, ...]:
     out = list(args)
-    for pos, how in positions:
+    for pos, how, offset in positions:
         a = out[pos]
         if how == _DESC:
             out[pos] = _desc(a, binds)
         elif how == _DESCS:
             out[pos] = tuple([_desc(d, binds) for d in a])
-        elif how in (_BUFFER, _BUFFER_AT):
+        elif how == _BUFFER:
             b = binds.get(a)
             if b is not None:
                 out[pos] = b[0]
-                if how == _BUFFER_AT:  # memset's offset moves with its buffer
-                    out[pos + 1] += b[1]
+                if offset >= 0:  # an offset into it (memset's) moves with it
+                    out[offset] += b[1]
         else:
             out[pos] = tuple([("a", _desc(k[1], binds)) if k[0] == "a" else k for k in a])
     return tuple(out)
@@ -196,7 +186,7 @@ def _names(a: Any, how: int, handles: set[int]) -> bool:
         return bool(a.handle in handles)
     if how == _DESCS:
         return any(d.handle in handles for d in a)
-    if how in (_BUFFER, _BUFFER_AT):
+    if how == _BUFFER:
         return a in handles
     return any(k[0] == "a" and k[1].handle in handles for k in a)
 
@@ -211,18 +201,36 @@ def _desc(d: ArrayDesc, binds: Binds) -> ArrayDesc:
     return ArrayDesc(b[0], offset, d.shape, d.dtype)
 
 
-def _positions(spec: CallSpec) -> tuple[tuple[int, int], ...]:
-    """Where ``spec``'s arguments name buffers, and how each is rebound."""
+def _positions(spec: CallSpec) -> Positions:
+    """Where ``spec``'s arguments name buffers (the call table says), and how each is
+    rebound."""
+    how = {Arg.ARRAY: _DESC, Arg.ARRAYS: _DESCS, Arg.KERNEL_ARGS: _KERNEL_ARGS}
     out = []
-    for i, (_, kind) in enumerate(spec.args):
-        if kind is Arg.ARRAY:
-            out.append((i, _DESC))
-        elif kind is Arg.ARRAYS:
-            out.append((i, _DESCS))
-        elif kind is Arg.KERNEL_ARGS:
-            out.append((i, _KERNEL_ARGS))
-        elif kind is Arg.HANDLE and spec.name == "alloc":
-            out.append((i, _BUFFER))
-        elif kind is Arg.HANDLE and spec.name == "memset":
-            out.append((i, _BUFFER_AT))
+    for i, p in enumerate(spec.args):
+        if p.kind in how:
+            out.append((i, how[p.kind], -1))
+        elif p.kind is Arg.HANDLE and p.use and p.resource is Resource.BUFFER:
+            offset = next((j for j, q in enumerate(spec.args) if q.offset_into == p.name), -1)
+            out.append((i, _BUFFER, offset))
     return tuple(out)
+
+
+def _made(spec: CallSpec, args: tuple[Any, ...]) -> dict[int, int]:
+    """The buffers a call of a step makes (the call table says which arguments create
+    them), by handle, and their sizes."""
+    made: dict[int, int] = {}
+    for i, resource in spec.creates:
+        if resource is not Resource.BUFFER:
+            continue
+        if spec.args[i].kind is Arg.ARRAYS:  # a launch's new outputs
+            descs = args[i]
+            if any(d.offset for d in descs):
+                raise StepError(f"{spec.name} outputs must start their buffer")
+            made.update((d.handle, d.nbytes) for d in descs)
+            if len(made) != len(descs):
+                raise StepError(f"{spec.name} outputs must be different buffers")
+        else:  # an alloc: its size is another argument
+            name = spec.args[i].name
+            size = next(j for j, q in enumerate(spec.args) if q.size_of == name)
+            made[args[i]] = args[size]
+    return made

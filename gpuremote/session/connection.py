@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..config import PipelineConfig, pipeline_config, transport_settings
-from ..errors import AuthenticationError, ConfigError, RemoteProtocolError
+from ..errors import AuthenticationError, ConfigError
 from ..transports import Address
 from ..transports import connect as transport_connect
 from ..wire.auth import load_secret, proof
@@ -113,11 +113,9 @@ async def open_session(
         info, _ = await asyncio.wait_for(
             session.call(_HELLO, 0, [PROTOCOL_VERSION, answer]), timeout
         )
-    except RemoteProtocolError as exc:
+    except AuthenticationError:
         await session.aclose()
-        if "authentication failed" in str(exc):
-            raise AuthenticationError(f"the proxy at {url} refused the secret") from None
-        raise
+        raise AuthenticationError(f"the proxy at {url} refused the secret") from None
     except BaseException:
         await session.aclose()
         raise

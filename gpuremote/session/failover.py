@@ -55,12 +55,15 @@ from ..errors import (
     FailoverError,
     GpuRemoteError,
     LocalProtocolError,
+    PeerNotAllowed,
     PeerUnreachable,
     RemoteCallError,
     RemoteProtocolError,
+    UnknownHandle,
 )
 from ..wire.calls import BUFFER, CALLS_BY_NAME, CALLS_BY_OPCODE, CallSpec
 from ..wire.framing import FrameLimits
+from ..wire.limits import MAX_TICKETS_PER_SESSION
 from ..wire.protocol import DTYPES
 from .connection import open_session, place, placed
 from .pipeline import ClientSession, Counters
@@ -102,7 +105,7 @@ _CK_BASE = 1 << 62
 _STANDBY_RETRY_S = 1.0
 #: exports a proxy holds for one session at a time (``peers.MAX_TICKETS_PER_SESSION``): a
 #: checkpoint of more buffers copies them aside first, then exports them in waves of this many
-_TICKETS = 16
+_TICKETS = MAX_TICKETS_PER_SESSION
 
 
 # -- configuration ----------------------------------------------------------------------------
@@ -1069,13 +1072,7 @@ class FailoverSession:
         bad = [r for r in results if isinstance(r, BaseException)]
         if not bad:
             return True
-        refused = [
-            r
-            for r in bad
-            if isinstance(r, RemoteCallError)
-            and r.kind == PeerUnreachable.__name__
-            and "is not a peer" in r.message
-        ]
+        refused = [r for r in bad if isinstance(r, RemoteCallError) and r.is_a(PeerNotAllowed)]
         if refused:  # it may not read from this proxy: not tried again for a while
             log.warning(
                 "failover: the standby at %s may not read from %s (%s); checkpoints go "
@@ -1085,7 +1082,7 @@ class FailoverSession:
                 refused[0],
             )
             self._drop_standby(retry_s=60.0)
-        elif not any(isinstance(r, RemoteCallError) and r.kind == "PeerUnreachable" for r in bad):
+        elif not any(isinstance(r, RemoteCallError) and r.is_a(PeerUnreachable) for r in bad):
             # not a link (which may be this proxy going: the standby stays): its memory?
             log.info("failover: a checkpoint did not complete on the standby (%s)", bad[0])
             self._through_client()  # the next one through the client
@@ -1447,11 +1444,7 @@ def _step_writes(program: list[Any]) -> list[int]:
 def _never_made(exc: BaseException) -> bool:
     """Whether a checkpoint's read of a buffer failed because the proxy has no such buffer
     (the call that was to make it failed, and its error was the application's)."""
-    return (
-        isinstance(exc, RemoteCallError)
-        and not exc.deferred
-        and "unknown buffer handle" in exc.message
-    )
+    return isinstance(exc, RemoteCallError) and not exc.deferred and exc.is_a(UnknownHandle)
 
 
 def _entry_bytes(e: Any) -> int:

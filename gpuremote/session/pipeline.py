@@ -36,26 +36,24 @@ from ..errors import (
 from ..transports import Connection
 from ..wire.calls import BUFFER, CALLS_BY_NAME, CALLS_BY_OPCODE, Arg, CallClass, CallSpec
 from ..wire.framing import Frame
-from ..wire.protocol import FATAL, NOTICE, REPLY, check_encodable, decode_message, decode_replies
+from ..wire.limits import MAX_LIST, WIRE_INT_MAX, WIRE_INT_MIN
+from ..wire.protocol import (
+    FATAL,
+    NOTICE,
+    REPLY,
+    check_encodable,
+    decode_message,
+    decode_replies,
+    fatal_error,
+)
 from ..wire.protocol import encode_request as _encode_request
 from .contract import Recorder
 
 __all__ = ["BUFFER", "ClientSession", "Counters"]
 
 _FREE, _FREE_BUFFERS = CALLS_BY_NAME["free"], CALLS_BY_NAME["free_buffers"]
-_FREES_PER_COMMAND = 64  # the protocol's longest list of handles
+_FREES_PER_COMMAND = MAX_LIST  # the protocol's longest list of handles
 _FREE_BYTES = 64 << 20  # device memory that may wait for the end of a batch to be freed
-
-#: opcode -> positions of its arguments that carry the caller's values (checked before queuing)
-_VALUE_ARGS: dict[int, tuple[int, ...]] = {
-    spec.opcode: tuple(
-        i
-        for i, (_, kind) in enumerate(spec.args)
-        if kind in (Arg.SIZE, Arg.INT, Arg.NUMBER, Arg.PARAMS, Arg.KERNEL_ARGS, Arg.DIMS)
-    )
-    for spec in CALLS_BY_NAME.values()
-}
-_INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1  # what msgpack can carry
 
 
 def _check_sendable(value: Any, spec: CallSpec, depth: int = 0) -> None:
@@ -65,7 +63,7 @@ def _check_sendable(value: Any, spec: CallSpec, depth: int = 0) -> None:
     if t is float or t is bool or t is str or value is None:
         return
     if t is int:
-        if not _INT_MIN <= value <= _INT_MAX:
+        if not WIRE_INT_MIN <= value <= WIRE_INT_MAX:
             raise OverflowError(
                 f"{spec.name}: the integer {value} cannot be sent (a 64-bit integer is the most "
                 "a call can carry)"
@@ -86,17 +84,6 @@ def _check_sendable(value: Any, spec: CallSpec, depth: int = 0) -> None:
         f"{spec.name}: an argument of type {t.__name__} cannot be sent (ints, floats, bools, "
         "strings and lists or dicts of them can)"
     )
-
-
-#: opcode -> positions and kinds of its array arguments (sent once per frame, by index)
-_ARRAY_ARGS: dict[int, tuple[tuple[int, Arg], ...]] = {
-    spec.opcode: tuple(
-        (i, kind)
-        for i, (_, kind) in enumerate(spec.args)
-        if kind in (Arg.ARRAY, Arg.ARRAYS, Arg.KERNEL_ARGS)
-    )
-    for spec in CALLS_BY_NAME.values()
-}
 
 
 @dataclass(slots=True)
@@ -184,7 +171,7 @@ class ClientSession:
     def _command(
         self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None, ack: bool
     ) -> list[Any]:
-        for i in _VALUE_ARGS[spec.opcode]:
+        for i in spec.value_args:
             a = args[i]
             t = type(a)
             if t is dict:  # a launch's params: mostly floats and small ints, checked inline
@@ -194,12 +181,12 @@ class ClientSession:
                         tv is float
                         or tv is str
                         or tv is bool
-                        or (tv is int and _INT_MIN <= v <= _INT_MAX)
+                        or (tv is int and WIRE_INT_MIN <= v <= WIRE_INT_MAX)
                     ):
                         _check_sendable(a, spec)
                         break
-            elif t is not int or not _INT_MIN <= a <= _INT_MAX:
-                if spec.args[i][1] is Arg.KERNEL_ARGS:  # ["a", array] entries: not values
+            elif t is not int or not WIRE_INT_MIN <= a <= WIRE_INT_MAX:
+                if spec.args[i].kind is Arg.KERNEL_ARGS:  # ["a", array] entries: not values
                     a = [k[2:] for k in a if k[:1] != ["a"]]
                 _check_sendable(a, spec)
         self._seq += 1
@@ -208,7 +195,7 @@ class ClientSession:
             args = [len(self._qbufs) if a is BUFFER else a for a in args]
             self._qbufs.append(buffer)
             self._qbytes += buffer.nbytes
-        positions = _ARRAY_ARGS[spec.opcode]
+        positions = spec.array_args
         if positions:
             intern = self._intern
             for i, kind in positions:
@@ -536,7 +523,7 @@ class ClientSession:
                 else:
                     fut.set_exception(reply.value.to_exception())
         elif kind == FATAL:
-            raise RemoteProtocolError(f"the proxy closed the connection: {msg[1]}")
+            raise fatal_error(msg)
         elif kind == NOTICE:
             self.notices.append(msg[1:])
             if msg[1:2] == ["shutdown"]:

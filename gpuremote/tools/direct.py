@@ -57,8 +57,11 @@ def _desc(wire: list[Any]) -> ArrayDesc:
 
 
 def _direct_args(spec: CallSpec, args: list[Any]) -> tuple[Any, ...]:
+    """``args`` as the executor takes them, decoded as the protocol would (nothing crossed a
+    wire: the client's own values, not checked again)."""
     out: list[Any] = []
-    for (_, kind), a in zip(spec.args, args, strict=True):
+    for param, a in zip(spec.args, args, strict=True):
+        kind = param.kind
         if kind is Arg.ARRAY:
             out.append(_desc(a))
         elif kind is Arg.ARRAYS:

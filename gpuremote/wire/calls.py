@@ -1,4 +1,5 @@
-"""The one table of API calls: name, opcode, call class and argument schema.
+"""The one table of API calls: name, opcode, call class, argument schema, and what each call
+does to the resources its arguments name.
 
 Every call of the GPU API that gpuremote remotes is written here once. Its class says what the
 client does with it:
@@ -7,13 +8,21 @@ client does with it:
 - ``ASYNC``: queued, batched and sent; the client does not wait for it.
 - ``SYNC``: sent; the client waits for its reply (it brings data back, or waits on the device).
 
-The argument schema is what the proxy checks before it runs anything.
+Each argument (``Param``) has a kind, which the proxy checks before it runs anything
+(``gpuremote.wire.protocol``), and, where it names a resource (a buffer, stream, event,
+kernel or recorded step), what the call does to it: ``creates``, ``writes``, ``reads`` or
+``frees`` it. Every pass over calls reads these columns instead of switching on call names:
+the client's checks and array tables (``gpuremote.session.pipeline``), the recording of a
+step (``gpuremote.core.recording``) and its replay on the proxy (``gpuremote.proxy.steps``),
+the failover journal (``gpuremote.session.failover.ledger``), and the executor's handler table
+and its rule for what a failure on a stream skips (``gpuremote.proxy.executor``).
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 __all__ = [
     "BUFFER",
@@ -23,6 +32,9 @@ __all__ = [
     "Arg",
     "CallClass",
     "CallSpec",
+    "Param",
+    "Resource",
+    "Use",
 ]
 
 #: the placeholder, among a call's arguments, for the out-of-band buffer it sends (the
@@ -43,9 +55,6 @@ class Arg(enum.Enum):
 
     HANDLE = "handle"  # client-chosen id, 0 <= h < 2**63
     SIZE = "size"  # non-negative int
-    INT = "int"  # any 64-bit int
-    NUMBER = "number"  # int or float
-    BOOL = "bool"
     NAME = "name"  # short identifier-like string
     TEXT = "text"  # source code
     ARRAY = "array"  # array descriptor [handle, offset, shape, dtype]
@@ -58,99 +67,210 @@ class Arg(enum.Enum):
     STEP = "step"  # a recorded step: [arrays, commands, argument slots, result handles]
 
 
+class Resource(enum.Enum):
+    """What a handle names."""
+
+    BUFFER = "buffer"
+    STREAM = "stream"
+    EVENT = "event"
+    KERNEL = "kernel"
+    STEP = "step"
+
+
+class Use(enum.Flag):
+    """What a call does to the resources an argument names."""
+
+    CREATES = enum.auto()  # made by the call, under the client's handle (then written)
+    WRITES = enum.auto()
+    READS = enum.auto()
+    FREES = enum.auto()
+
+
+_NONE = Use(0)
+#: the kinds that carry array descriptors (sent once per frame, referred to by index)
+ARRAY_KINDS = frozenset({Arg.ARRAY, Arg.ARRAYS, Arg.KERNEL_ARGS})
+#: the kinds whose values the caller chose (checked on the client before anything is queued)
+VALUE_KINDS = frozenset({Arg.SIZE, Arg.PARAMS, Arg.KERNEL_ARGS, Arg.DIMS})
+
+
+class Param(NamedTuple):
+    """One argument: its name, kind, and what the call does to what it names (a buffer for
+    array kinds). ``size_of``: this argument is the size in bytes of the buffer that the
+    argument of that name creates; ``offset_into``: an offset into the buffer that the
+    argument of that name names (it moves with it when a step is rebound)."""
+
+    name: str
+    kind: Arg
+    use: Use = _NONE
+    resource: Resource = Resource.BUFFER
+    size_of: str = ""
+    offset_into: str = ""
+
+
 @dataclass(frozen=True, slots=True)
 class CallSpec:
-    """One API call: its wire opcode (0 for LOCAL calls), class and argument schema."""
+    """One API call: its wire opcode (0 for LOCAL calls), class, arguments, and how it runs:
+    ``on_stream`` (work queued on the call's stream: skipped after an earlier failure on that
+    stream), ``admin`` (about the session, not the device), ``recordable`` (may be part of a
+    captured step). The other fields are derived from the arguments once, for the passes
+    that read them."""
 
     name: str
     opcode: int
     klass: CallClass
-    args: tuple[tuple[str, Arg], ...] = ()
+    args: tuple[Param, ...] = ()
     doc: str = ""
-    #: ``klass.value`` and ``klass is SYNC``, kept as plain fields for the executor's hot loop
+    on_stream: bool = True
+    admin: bool = False
+    recordable: bool = False
+    #: ``klass.value`` and ``klass is SYNC``, kept as plain fields for the hot loops
     kind: str = field(init=False)
     sync: bool = field(init=False)
+    #: the first argument is an op name (a launch): errors name the op
+    names_op: bool = field(init=False)
+    #: positions of the arguments that carry array descriptors, and their kinds
+    array_args: tuple[tuple[int, Arg], ...] = field(init=False)
+    #: positions of the arguments whose values the caller chose
+    value_args: tuple[int, ...] = field(init=False)
+    #: (position, resource) of the arguments by what the call does to what they name
+    creates: tuple[tuple[int, Resource], ...] = field(init=False)
+    writes: tuple[tuple[int, Resource], ...] = field(init=False)
+    reads: tuple[tuple[int, Resource], ...] = field(init=False)
+    frees: tuple[tuple[int, Resource], ...] = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "kind", self.klass.value)
-        object.__setattr__(self, "sync", self.klass is CallClass.SYNC)
+        def having(use: Use) -> tuple[tuple[int, Resource], ...]:
+            return tuple((i, p.resource) for i, p in enumerate(self.args) if use in p.use)
 
-    @property
-    def arg_names(self) -> tuple[str, ...]:
-        return tuple(n for n, _ in self.args)
+        args = self.args
+        fields = {
+            "kind": self.klass.value,
+            "sync": self.klass is CallClass.SYNC,
+            "names_op": bool(args) and args[0].name == "op",
+            "array_args": tuple((i, p.kind) for i, p in enumerate(args) if p.kind in ARRAY_KINDS),
+            "value_args": tuple(i for i, p in enumerate(args) if p.kind in VALUE_KINDS),
+            "creates": having(Use.CREATES),
+            "writes": having(Use.WRITES),
+            "reads": having(Use.READS),
+            "frees": having(Use.FREES),
+        }
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
+
+    def position(self, name: str) -> int:
+        """The position of argument ``name``."""
+        return next(i for i, p in enumerate(self.args) if p.name == name)
 
 
 _A, _S, _L = CallClass.ASYNC, CallClass.SYNC, CallClass.LOCAL
+_C, _W, _R, _F = Use.CREATES, Use.WRITES, Use.READS, Use.FREES
+_STREAM, _EVENT, _KERNEL, _STEP = Resource.STREAM, Resource.EVENT, Resource.KERNEL, Resource.STEP
 
-#: the arguments of ``launch`` and ``launch_new``
-_LAUNCH_ARGS = (
-    ("op", Arg.NAME),
-    ("inputs", Arg.ARRAYS),
-    ("outputs", Arg.ARRAYS),
-    ("params", Arg.PARAMS),
-)
+
+def _handle(use: Use, resource: Resource = Resource.BUFFER) -> tuple[Param, ...]:
+    return (Param("handle", Arg.HANDLE, use, resource),)
+
+
+def _launch(outputs: Use) -> tuple[Param, ...]:
+    """The arguments of ``launch`` and ``launch_new``."""
+    return (
+        Param("op", Arg.NAME),
+        Param("inputs", Arg.ARRAYS, _R),
+        Param("outputs", Arg.ARRAYS, outputs),
+        Param("params", Arg.PARAMS),
+    )
+
+
+def _admin(name: str, opcode: int, args: tuple[Param, ...], doc: str) -> CallSpec:
+    """A SYNC call about the session itself (the handshake, figures), not device work."""
+    return CallSpec(name, opcode, _S, args, doc, on_stream=False, admin=True)
+
 
 CALLS: tuple[CallSpec, ...] = (
     # -- answered on the client (shadow resources) ----------------------------------------
     CallSpec("device_info", 0, _L, doc="device properties, cached at connect"),
     CallSpec("array_meta", 0, _L, doc="shape, dtype, size, stream of an array"),
     CallSpec("current_stream", 0, _L, doc="the stream new calls go to"),
-    CallSpec("view", 0, _L, doc="reshape or byte-range view of a buffer"),
-    CallSpec("host_copy", 0, _L, doc="get() of a buffer whose uploaded host copy is valid"),
-    # -- session ---------------------------------------------------------------------------
-    CallSpec(
+    # -- the session (admin: not device work) ----------------------------------------------
+    _admin(
         "hello",
         1,
-        _S,
-        (("version", Arg.SIZE), ("proof", Arg.TEXT)),
+        (Param("version", Arg.SIZE), Param("proof", Arg.TEXT)),
         "handshake (with the authentication proof); returns device properties",
     ),
-    CallSpec("ping", 2, _S, (("data", Arg.BUFFER),), "echo a buffer (latency benchmark)"),
-    CallSpec("stats", 3, _S, (), "the proxy's figures for this session"),
-    CallSpec("admin_stats", 4, _S, (("token", Arg.TEXT),), "every session's figures (admin only)"),
+    _admin("ping", 2, (Param("data", Arg.BUFFER),), "echo a buffer (latency benchmark)"),
+    _admin("stats", 3, (), "the proxy's figures for this session"),
+    _admin("admin_stats", 4, (Param("token", Arg.TEXT),), "every session's figures (admin only)"),
     # -- memory ----------------------------------------------------------------------------
-    CallSpec("alloc", 10, _A, (("handle", Arg.HANDLE), ("nbytes", Arg.SIZE))),
-    CallSpec("free", 11, _A, (("handle", Arg.HANDLE),)),
+    CallSpec(
+        "alloc",
+        10,
+        _A,
+        (*_handle(_C), Param("nbytes", Arg.SIZE, size_of="handle")),
+        on_stream=False,
+        recordable=True,
+    ),
+    CallSpec("free", 11, _A, _handle(_F), on_stream=False),
     CallSpec(
         "free_buffers",
         16,
         _A,
-        (("handles", Arg.HANDLES),),
+        (Param("handles", Arg.HANDLES, _F),),
         "free several buffers (what was released since the last frame: one command)",
+        on_stream=False,
     ),
-    CallSpec("copy_h2d", 12, _A, (("dst", Arg.ARRAY), ("data", Arg.BUFFER)), "host-to-device copy"),
-    CallSpec("copy_d2h", 13, _S, (("src", Arg.ARRAY),), "device-to-host copy; returns a buffer"),
-    CallSpec("copy_d2d", 14, _A, (("dst", Arg.ARRAY), ("src", Arg.ARRAY))),
+    CallSpec(
+        "copy_h2d",
+        12,
+        _A,
+        (Param("dst", Arg.ARRAY, _W), Param("data", Arg.BUFFER)),
+        "host-to-device copy",
+    ),
+    CallSpec(
+        "copy_d2h",
+        13,
+        _S,
+        (Param("src", Arg.ARRAY, _R),),
+        "device-to-host copy; returns a buffer",
+    ),
+    CallSpec(
+        "copy_d2d",
+        14,
+        _A,
+        (Param("dst", Arg.ARRAY, _W), Param("src", Arg.ARRAY, _R)),
+        recordable=True,
+    ),
     CallSpec(
         "memset",
         15,
         _A,
-        (("handle", Arg.HANDLE), ("offset", Arg.SIZE), ("nbytes", Arg.SIZE), ("value", Arg.SIZE)),
+        (
+            *_handle(_W),
+            Param("offset", Arg.SIZE, offset_into="handle"),
+            Param("nbytes", Arg.SIZE),
+            Param("value", Arg.SIZE),
+        ),
+        recordable=True,
     ),
     # -- execution -------------------------------------------------------------------------
-    CallSpec(
-        "launch",
-        20,
-        _A,
-        _LAUNCH_ARGS,
-        "run an allow-listed op",
-    ),
+    CallSpec("launch", 20, _A, _launch(_W), "run an allow-listed op", recordable=True),
     CallSpec(
         "launch_new",
         24,
         _A,
-        _LAUNCH_ARGS,
+        _launch(_C),
         "allocate each output's buffer (the output at offset 0 fills it), then launch",
+        recordable=True,
     ),
     CallSpec(
         "launch_dynamic",
         23,
         _S,
         (
-            ("op", Arg.NAME),
-            ("inputs", Arg.ARRAYS),
-            ("outputs", Arg.HANDLES),
-            ("params", Arg.PARAMS),
+            Param("op", Arg.NAME),
+            Param("inputs", Arg.ARRAYS, _R),
+            Param("outputs", Arg.HANDLES, _C),
+            Param("params", Arg.PARAMS),
         ),
         "run an op whose output shapes depend on the data; its outputs become new buffers "
         "under the given handles; returns their shapes and dtypes",
@@ -160,71 +280,92 @@ CALLS: tuple[CallSpec, ...] = (
         21,
         _A,
         (
-            ("handle", Arg.HANDLE),
-            ("kind", Arg.NAME),
-            ("name", Arg.NAME),
-            ("source", Arg.TEXT),
-            ("params", Arg.PARAMS),
+            *_handle(_C, _KERNEL),
+            Param("kind", Arg.NAME),
+            Param("name", Arg.NAME),
+            Param("source", Arg.TEXT),
+            Param("params", Arg.PARAMS),
         ),
         "compile a user kernel; the handle is its content hash",
+        on_stream=False,
     ),
     CallSpec(
         "kernel_launch",
         22,
         _A,
         (
-            ("handle", Arg.HANDLE),
-            ("args", Arg.KERNEL_ARGS),
-            ("grid", Arg.DIMS),
-            ("block", Arg.DIMS),
+            *_handle(_R, _KERNEL),
+            Param("args", Arg.KERNEL_ARGS, _R | _W),  # a kernel may write any array it is given
+            Param("grid", Arg.DIMS),
+            Param("block", Arg.DIMS),
         ),
+        recordable=True,
     ),
     # -- streams and events ----------------------------------------------------------------
-    CallSpec("stream_create", 30, _A, (("handle", Arg.HANDLE),)),
-    CallSpec("stream_destroy", 31, _A, (("handle", Arg.HANDLE),)),
+    CallSpec("stream_create", 30, _A, _handle(_C, _STREAM), on_stream=False),
+    CallSpec("stream_destroy", 31, _A, _handle(_F, _STREAM), on_stream=False),
     CallSpec("stream_synchronize", 32, _S, (), "wait for the call's stream"),
     CallSpec("device_synchronize", 33, _S, (), "wait for every stream of the session"),
-    CallSpec("event_create", 40, _A, (("handle", Arg.HANDLE),)),
-    CallSpec("event_destroy", 41, _A, (("handle", Arg.HANDLE),)),
-    CallSpec("event_record", 42, _A, (("handle", Arg.HANDLE),), "record on the call's stream"),
-    CallSpec("event_wait", 43, _A, (("handle", Arg.HANDLE),), "make the call's stream wait"),
-    CallSpec("event_query", 44, _S, (("handle", Arg.HANDLE),), "has the event completed?"),
-    # -- recorded steps (``gpuremote.core.capture``) -----------------------------------------------
+    CallSpec("event_create", 40, _A, _handle(_C, _EVENT), on_stream=False),
+    CallSpec("event_destroy", 41, _A, _handle(_F, _EVENT), on_stream=False),
+    CallSpec(
+        "event_record",
+        42,
+        _A,
+        _handle(_W, _EVENT),
+        "record on the call's stream",
+        recordable=True,
+    ),
+    CallSpec(
+        "event_wait",
+        43,
+        _A,
+        _handle(_R, _EVENT),
+        "make the call's stream wait",
+        recordable=True,
+    ),
+    CallSpec("event_query", 44, _S, _handle(_R, _EVENT), "has the event completed?"),
+    # -- recorded steps (``gpuremote.core.capture``) -------------------------------------------
     CallSpec(
         "step_record",
         60,
         _A,
-        (("handle", Arg.HANDLE), ("program", Arg.STEP)),
+        (*_handle(_C, _STEP), Param("program", Arg.STEP)),
         "keep a recorded step (ASYNC calls, checked once, here) under a handle",
+        on_stream=False,
     ),
     CallSpec(
         "step_replay",
         61,
         _A,
-        (("handle", Arg.HANDLE), ("args", Arg.ARRAYS), ("results", Arg.HANDLES)),
+        (
+            *_handle(_R, _STEP),
+            Param("args", Arg.ARRAYS, _R | _W),  # a step may write its arguments
+            Param("results", Arg.HANDLES, _C),
+        ),
         "run a recorded step on these argument arrays; its results become new buffers",
     ),
-    CallSpec("step_free", 62, _A, (("handle", Arg.HANDLE),), "forget a recorded step"),
-    # -- between proxies (``gpuremote.proxy.peers``) ----------------------------------------------
+    CallSpec("step_free", 62, _A, _handle(_F, _STEP), "forget a recorded step", on_stream=False),
+    # -- between proxies (``gpuremote.proxy.peers``) ------------------------------------------
     CallSpec(
         "peer_export",
         50,
         _S,
-        (("src", Arg.ARRAY),),
+        (Param("src", Arg.ARRAY, _R),),
         "copy an array aside for one read by another proxy; returns the ticket",
     ),
     CallSpec(
         "peer_read",
         51,
         _S,
-        (("ticket", Arg.TEXT),),
+        (Param("ticket", Arg.TEXT),),
         "the data of an exported array (uses the ticket up); returns a buffer",
     ),
     CallSpec(
         "peer_import",
         52,
         _S,
-        (("dst", Arg.ARRAY), ("url", Arg.TEXT), ("ticket", Arg.TEXT)),
+        (Param("dst", Arg.ARRAY, _W), Param("url", Arg.TEXT), Param("ticket", Arg.TEXT)),
         "read a ticket from the proxy at url into an array of this session",
     ),
 )

@@ -20,9 +20,24 @@ from typing import Any, NamedTuple
 import msgpack
 import numpy as np
 
-from ..errors import LimitExceeded, RemoteCallError, RemoteProtocolError
+from ..errors import (
+    AuthenticationError,
+    GpuRemoteError,
+    LimitExceeded,
+    RemoteCallError,
+    RemoteProtocolError,
+)
 from .calls import CALLS_BY_OPCODE, Arg, CallSpec
 from .framing import Frame, FrameLimits
+from .limits import (
+    MAX_HANDLE,
+    MAX_LIST,
+    MAX_NAME,
+    MAX_PARAM_LIST,
+    MAX_PARAMS,
+    MAX_SIZE,
+    MAX_TEXT,
+)
 
 __all__ = [
     "DTYPES",
@@ -51,6 +66,7 @@ __all__ = [
     "encode_notice",
     "encode_replies",
     "encode_request",
+    "fatal_error",
     "request_local_calls",
 ]
 
@@ -60,13 +76,6 @@ PROTOCOL_VERSION = 1
 REQUEST, REPLY, FATAL, NOTICE, GREETING = 1, 2, 3, 4, 5
 STATUS_OK, STATUS_ERROR = 0, 1
 
-MAX_HANDLE = (1 << 63) - 1
-MAX_SIZE = 1 << 62
-MAX_NAME = 128
-MAX_TEXT = 1 << 20
-MAX_LIST = 64
-MAX_PARAMS = 32
-MAX_PARAM_LIST = 256  # ints in one list-valued param (an encoded index has four per item)
 
 #: dtypes that may cross the wire, by name
 DTYPES: dict[str, np.dtype[Any]] = {
@@ -155,14 +164,6 @@ class StepProgram(NamedTuple):
     results: tuple[int, ...]
 
 
-#: the calls a step may record: ASYNC work on the session's resources (nothing that creates
-#: or destroys streams, events or kernels, no host data, nothing that waits)
-STEP_CALLS = frozenset(
-    {"alloc", "copy_d2d", "memset", "launch", "launch_new", "kernel_launch", "event_record",
-     "event_wait"}
-)  # fmt: skip
-
-
 class BadCommand(Exception):
     """A command of a well-formed batch has a bad argument; it fails alone."""
 
@@ -226,8 +227,18 @@ def encode_replies(replies: list[Reply], buffers: list[memoryview]) -> Frame:
     return Frame(_pack([REPLY, items]), buffers)
 
 
-def encode_fatal(message: str) -> Frame:
-    return Frame(_pack([FATAL, message[:4096]]))
+def encode_fatal(message: str, kind: str = "ProtocolError") -> Frame:
+    """The last frame of a connection that the proxy ends: why (``message``) and the kind
+    of error the client raises for it (``AuthenticationError``: its secret was refused)."""
+    return Frame(_pack([FATAL, message[:4096], kind]))
+
+
+def fatal_error(msg: list[Any]) -> GpuRemoteError:
+    """The error that a ``FATAL`` message (decoded) stands for, on the client."""
+    why = f"the proxy closed the connection: {msg[1] if len(msg) > 1 else '?'}"
+    if msg[2:3] == [AuthenticationError.__name__]:
+        return AuthenticationError(why)
+    return RemoteProtocolError(why)
 
 
 def encode_notice(kind: str, detail: Any = None) -> Frame:
@@ -363,22 +374,6 @@ def _check_handles(v: Any, name: str, ctx: DecodeContext) -> tuple[int, ...]:
 
 def _check_size(v: Any, name: str, ctx: DecodeContext) -> int:
     return _int(v, name, 0, MAX_SIZE)
-
-
-def _check_int(v: Any, name: str, ctx: DecodeContext) -> int:
-    return _int(v, name, -(1 << 63), MAX_HANDLE)
-
-
-def _check_number(v: Any, name: str, ctx: DecodeContext) -> float | int:
-    if type(v) not in (int, float):
-        raise BadCommand(f"argument {name!r} must be a number")
-    return v
-
-
-def _check_bool(v: Any, name: str, ctx: DecodeContext) -> bool:
-    if type(v) is not bool:
-        raise BadCommand(f"argument {name!r} must be a bool")
-    return v
 
 
 def _check_name(v: Any, name: str, ctx: DecodeContext) -> str:
@@ -521,7 +516,7 @@ def _check_step(v: Any, name: str, ctx: DecodeContext) -> StepProgram:
             raise BadCommand(f"{name}: call {i} must be [opcode, stream, args]")
         opcode, stream, args = item
         entry = _SCHEMA.get(opcode) if type(opcode) is int else None
-        if entry is None or entry[0].name not in STEP_CALLS:
+        if entry is None or not entry[0].recordable:
             what = entry[0].name if entry is not None else f"opcode {opcode!r:.20}"
             raise BadCommand(f"{name}: call {i} ({what}) cannot be recorded in a step")
         spec, nargs, check = entry
@@ -548,9 +543,6 @@ def decode_step(v: Any, limits: FrameLimits = FrameLimits()) -> StepProgram:
 _CHECKS = {
     Arg.HANDLE: _check_handle,
     Arg.SIZE: _check_size,
-    Arg.INT: _check_int,
-    Arg.NUMBER: _check_number,
-    Arg.BOOL: _check_bool,
     Arg.NAME: _check_name,
     Arg.TEXT: _check_text,
     Arg.ARRAY: _check_array,
@@ -596,9 +588,9 @@ def _check_launch_args(a: list[Any], ctx: DecodeContext) -> tuple[Any, ...]:
 
 def _args_check(spec: CallSpec) -> ArgsCheck:
     """One function checking all of ``spec``'s arguments (their number checked already)."""
-    if tuple(k for _, k in spec.args) == (Arg.NAME, Arg.ARRAYS, Arg.ARRAYS, Arg.PARAMS):
+    if tuple(p.kind for p in spec.args) == (Arg.NAME, Arg.ARRAYS, Arg.ARRAYS, Arg.PARAMS):
         return _check_launch_args  # launch and launch_new: the hot path
-    checks = [(name, _CHECKS[kind]) for name, kind in spec.args]
+    checks = [(p.name, _CHECKS[p.kind]) for p in spec.args]
     if len(checks) == 4:  # launch and its kind: unrolled, the hot path
         (n0, c0), (n1, c1), (n2, c2), (n3, c3) = checks
         return lambda a, ctx: (
