@@ -11,8 +11,8 @@ is awaited::
         out = await y.get()
 
 The arrays are the array core's (``gpuremote.core.arrays``, shared with ``gpuremote.xp``): this
-module only says how to wait (``await``). Sessions are opened by the connection layer
-(``gpuremote.session.connection``).
+module only says how to wait (``await``). Sessions are opened by ``gpuremote.session.opener``
+and used through their contract (``gpuremote.session.contract.Session``).
 """
 
 from __future__ import annotations
@@ -25,25 +25,27 @@ from typing import Any, overload
 
 import numpy as np
 
-from .config import PipelineConfig, resolve_url
+from .config import PipelineConfig
 from .core.arrays import (
+    BINARY_OPERATORS,
+    UNARY_OPERATORS,
     ArrayRef,
     Buffer,
+    Call,
     Core,
     HostCopies,
-    Steps,
+    drive,
     fill_param,
     kernel_arg,
     supported_dtype,
 )
 from .core.capture import Step
-from .errors import ConfigError, LocalProtocolError
+from .errors import LocalProtocolError
 from .ops import OPS
-from .session.connection import open_session, place, placed
-from .session.failover import FailoverSession, failover_config, open_failover_session
-from .session.pipeline import ClientSession
+from .session import opener
+from .session.contract import Reply, Session
 from .wire.calls import BUFFER, CALLS_BY_NAME
-from .wire.framing import FrameLimits
+from .wire.framing import FrameLimits, as_bytes_view
 
 __all__ = ["GPU", "DeviceBuffer", "Event", "Kernel", "RemoteArray", "Stream", "connect"]
 
@@ -114,7 +116,7 @@ class Kernel:
         wire: list[Any] = []
         for a in args:
             if isinstance(a, RemoteArray):
-                a._buf.invalidate()  # a kernel may write any array it is given
+                self._gpu._core.written(a._buf)  # a kernel may write any array it is given
                 wire.append(["a", a._desc()])
             else:
                 wire.append(kernel_arg(a))
@@ -124,6 +126,31 @@ class Kernel:
             [self.handle, wire, list(grid), list(block)],
             None,
         )
+
+
+def _binary(name: str, reflected: bool = False) -> Callable[[RemoteArray, Any], RemoteArray]:
+    """The method of binary operator ``__name__`` (``__rname__`` if ``reflected``): the op
+    the core's table gives it, on the GPU's current stream."""
+    op = BINARY_OPERATORS[name]
+
+    def method(self: RemoteArray, other: Any) -> RemoteArray:
+        core = self._core
+        inputs = (other, self) if reflected else (self, other)
+        return core.apply(op, inputs, {}, None, core.owner._current)
+
+    method.__name__ = f"__{'r' if reflected else ''}{name}__"
+    return method
+
+
+def _unary(name: str) -> Callable[[RemoteArray], RemoteArray]:
+    """The method of unary operator ``__name__``, on the GPU's current stream."""
+    op = UNARY_OPERATORS[name]
+
+    def method(self: RemoteArray) -> RemoteArray:
+        return self._core.apply(op, (self,), {}, None, self._core.owner._current)
+
+    method.__name__ = f"__{name}__"
+    return method
 
 
 class RemoteArray(ArrayRef):
@@ -179,9 +206,10 @@ class RemoteArray(ArrayRef):
 
     def reshape(self, *shape: int | Sequence[int]) -> RemoteArray:
         """A view with another shape (LOCAL: no call is sent)."""
-        first = shape[0] if len(shape) == 1 else None
-        dims = first if isinstance(first, Sequence) else shape
-        out: RemoteArray = self._core.reshape(self, dims)  # type: ignore[arg-type]
+        dims: Sequence[Any] = shape
+        if len(shape) == 1 and isinstance(shape[0], Sequence):
+            dims = shape[0]
+        out: RemoteArray = self._core.reshape(self, dims)
         return out
 
     async def to_device(self, gpu: GPU) -> RemoteArray:
@@ -189,73 +217,34 @@ class RemoteArray(ArrayRef):
         this one's, else through the client (``gpu.last_copy`` says which)."""
         if gpu is self._gpu:
             return self
-        out, gpu.last_copy = await _drive(self._core.to_device(self, gpu._core))
+        out, gpu.last_copy = await drive(self._core.to_device(self, gpu._core), _call)
         return out
 
     def free(self) -> None:
         """Free the device buffer now (every view of it becomes unusable)."""
         self._core.free(self)
 
-    # -- operators -------------------------------------------------------------------------
-    def _apply(self, name: str, inputs: tuple[Any, ...]) -> RemoteArray:
-        """An operator's op, on the GPU's current stream."""
-        core = self._core
-        out: RemoteArray = core.apply(name, inputs, {}, None, core.owner._current)
-        return out
-
+    # -- operators (generated from the core's tables: ``_binary``, ``_unary``) ---------------
     @property
     def T(self) -> RemoteArray:
         return self._gpu.transpose(self)
 
-    def __add__(self, other: Any) -> RemoteArray:
-        return self._apply("add", (self, other))
-
-    def __radd__(self, other: Any) -> RemoteArray:
-        return self._apply("add", (other, self))
-
-    def __sub__(self, other: Any) -> RemoteArray:
-        return self._apply("subtract", (self, other))
-
-    def __rsub__(self, other: Any) -> RemoteArray:
-        return self._apply("subtract", (other, self))
-
-    def __mul__(self, other: Any) -> RemoteArray:
-        return self._apply("multiply", (self, other))
-
-    def __rmul__(self, other: Any) -> RemoteArray:
-        return self._apply("multiply", (other, self))
-
-    def __truediv__(self, other: Any) -> RemoteArray:
-        return self._apply("divide", (self, other))
-
-    def __rtruediv__(self, other: Any) -> RemoteArray:
-        return self._apply("divide", (other, self))
-
-    def __matmul__(self, other: RemoteArray) -> RemoteArray:
-        return self._apply("matmul", (self, other))
-
-    def __neg__(self) -> RemoteArray:
-        return self._apply("negative", (self,))
+    __add__, __radd__ = _binary("add"), _binary("add", reflected=True)
+    __sub__, __rsub__ = _binary("sub"), _binary("sub", reflected=True)
+    __mul__, __rmul__ = _binary("mul"), _binary("mul", reflected=True)
+    __truediv__, __rtruediv__ = _binary("truediv"), _binary("truediv", reflected=True)
+    __matmul__ = _binary("matmul")
+    __neg__ = _unary("neg")
 
 
 ArrayOrScalar = RemoteArray | Scalar
 
 
-async def _drive(steps: Steps) -> Any:
-    """Run an array core procedure that waits for replies, awaiting each (``arraycore``)."""
-    try:
-        call = next(steps)
-        while True:
-            core, spec, stream, args, buf = call
-            gpu: GPU = core.owner
-            try:
-                reply = await gpu._session.call(spec, stream, args, buf)
-            except Exception as exc:
-                call = steps.throw(exc)
-            else:
-                call = steps.send(reply)
-    except StopIteration as stop:
-        return stop.value
+async def _call(request: Call) -> Reply:
+    """A call of an array core procedure, made on its GPU's session (``drive``)."""
+    core, spec, stream, args, buf = request
+    gpu: GPU = core.owner
+    return await gpu._session.call(spec, stream, args, buf)
 
 
 class GPU:
@@ -264,9 +253,7 @@ class GPU:
     Create with ``await gpuremote.connect(url)`` or ``async with gpuremote.connect(url) as gpu``.
     """
 
-    def __init__(
-        self, session: ClientSession | FailoverSession, url: str, device: dict[str, Any]
-    ) -> None:
+    def __init__(self, session: Session, url: str, device: dict[str, Any]) -> None:
         self._session = session
         self._url = url
         self._device = device
@@ -292,8 +279,8 @@ class GPU:
         return self._session.url or self._url
 
     @property
-    def session(self) -> ClientSession | FailoverSession:
-        """The connection layer's session under this GPU (``gpuremote.session.connection``; with
+    def session(self) -> Session:
+        """The session under this GPU (``gpuremote.session.contract.Session``; with
         ``failover``, a ``gpuremote.session.failover.FailoverSession``)."""
         return self._session
 
@@ -359,7 +346,7 @@ class GPU:
         """Device-to-device copy of ``src`` into ``dst`` (same number of bytes)."""
         if dst.nbytes != src.nbytes:
             raise ValueError(f"copy of {src.nbytes} bytes into {dst.nbytes}")
-        dst._buf.invalidate()
+        self._core.written(dst._buf)
         self._core.post(_C["copy_d2d"], self._stream(stream), [dst._desc(), src._desc()], None)
 
     def free(self, *arrays: RemoteArray) -> None:
@@ -396,7 +383,9 @@ class GPU:
     ) -> list[RemoteArray]:
         """Run op ``name`` whose output shapes depend on the data (``nonzero``, ``unique_*``,
         ``getitem_mask``, ...): one SYNC call; returns its ``n_out`` new arrays."""
-        outs: list[RemoteArray] = await _drive(self._core.dynamic(name, inputs, params, n_out))
+        outs: list[RemoteArray] = await drive(
+            self._core.dynamic(name, inputs, params, n_out), _call
+        )
         return outs
 
     def matmul(self, a: RemoteArray, b: RemoteArray, **kw: Any) -> RemoteArray:
@@ -530,8 +519,8 @@ class GPU:
 
     async def ping(self, payload: bytes | memoryview | np.ndarray[Any, Any] = b"") -> memoryview:
         """Round trip ``payload`` through the proxy (the full path); returns the echo."""
-        data = payload if isinstance(payload, memoryview) else memoryview(payload)  # type: ignore[arg-type]
-        value, bufs = await self._session.call(_C["ping"], 0, [BUFFER], data.cast("B"))
+        data = as_bytes_view(payload)  # one flat view of its bytes, however it is shaped
+        value, bufs = await self._session.call(_C["ping"], 0, [BUFFER], data)
         return bufs[value]
 
     async def proxy_stats(self) -> dict[str, Any]:
@@ -550,6 +539,16 @@ class GPU:
         await self.aclose()
 
 
+async def _open_gpu(
+    url: str | None,
+    options: dict[str, Any],
+    pipeline: PipelineConfig | None,
+    limits: FrameLimits,
+) -> GPU:
+    session, info = await opener.open(url, pipeline=pipeline, limits=limits, **options)
+    return GPU(session, session.url, info)
+
+
 class _Connector:
     """``await connect(...)`` or ``async with connect(...) as gpu``."""
 
@@ -566,23 +565,11 @@ class _Connector:
         self._limits = limits
         self._gpu: GPU | None = None
 
-    async def _open(self) -> GPU:
-        target = resolve_url(self._url)
-        options = dict(self._options)
-        failover = failover_config(target, options)
-        if failover is not None:
-            session, info = await open_failover_session(
-                target, failover, pipeline=self._pipeline, limits=self._limits, **options
-            )
-            return GPU(session, session.url, info)
-        (url,), extra = await place(target, 1)
-        return await _open_gpu(url, {**options, **extra}, self._pipeline, self._limits)
-
     def __await__(self) -> Generator[Any, None, GPU]:
-        return self._open().__await__()
+        return _open_gpu(self._url, self._options, self._pipeline, self._limits).__await__()
 
     async def __aenter__(self) -> GPU:
-        self._gpu = await self._open()
+        self._gpu = await self
         return self._gpu
 
     async def __aexit__(self, *exc: object) -> None:
@@ -606,8 +593,7 @@ class _ManyConnector:
         self._gpus: list[GPU] = []
 
     async def _open(self) -> list[GPU]:
-        urls, extra = await place(self._url, self._k)
-        options = {**self._options, **extra}
+        urls, options = await opener.devices(self._url, self._k, self._options)
         gpus: list[GPU] = []
         try:
             for u in urls:
@@ -628,13 +614,6 @@ class _ManyConnector:
     async def __aexit__(self, *exc: object) -> None:
         for g in self._gpus:
             await g.aclose()
-
-
-async def _open_gpu(
-    url: str, options: dict[str, Any], pipeline: PipelineConfig | None, limits: FrameLimits
-) -> GPU:
-    session, info = await open_session(url, pipeline=pipeline, limits=limits, **options)
-    return GPU(session, url, info)
 
 
 @overload
@@ -683,11 +662,4 @@ def connect(
     ``journal_max_calls``, ``failover_timeout_s``)."""
     if devices is None:
         return _Connector(url, pipeline, options, limits)
-    if options.get("failover"):
-        raise ConfigError("failover= takes one session at a time; connect each device alone")
-    target = resolve_url(url)
-    if placed(target) is None:
-        raise ConfigError(f"devices= needs a pool:// URL, not {target!r}")
-    if devices < 1:
-        raise ValueError("devices must be at least 1")
-    return _ManyConnector(target, devices, pipeline, options, limits)
+    return _ManyConnector(opener.group(url, devices, options), devices, pipeline, options, limits)

@@ -15,6 +15,7 @@ import contextlib
 import socket
 import ssl
 from collections.abc import Callable
+from typing import cast
 
 from gpuremote.errors import ConfigError, ConnectionClosed, ProtocolError
 from gpuremote.wire.framing import Frame, FrameDecoder, FrameLimits, default_allocate, encode_frame
@@ -38,7 +39,7 @@ class _Protocol(asyncio.BufferedProtocol):
         self._on_made = on_made
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.conn._made(transport)  # type: ignore[arg-type]
+        self.conn._made(transport)
         if self._on_made is not None:  # after the TLS handshake, on tls://
             self._on_made(self.conn)
             self._on_made = None
@@ -98,7 +99,8 @@ class TcpConnection(Connection):
         self._on_lost: Callable[[BaseException], None] | None = None
 
     # -- asyncio callbacks -----------------------------------------------------------------
-    def _made(self, transport: asyncio.Transport) -> None:
+    def _made(self, base: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, base)  # a stream's: it reads and writes
         self._transport = transport
         sock = transport.get_extra_info("socket")
         if sock is not None:

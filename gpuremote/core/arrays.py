@@ -31,14 +31,16 @@ from __future__ import annotations
 import contextlib
 import math
 import operator
-from collections.abc import Callable, Generator, Sequence
-from typing import Any, NoReturn, Protocol
+import threading
+from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
+from typing import Any, NoReturn
 
 import numpy as np
 
 from .. import ops
 from ..errors import LocalProtocolError, PeerUnreachable, RemoteCallError
 from ..ops import OpError, OpTypeError
+from ..session.contract import Reply, Session
 from ..wire.calls import BUFFER, CALLS_BY_NAME, CallSpec
 from ..wire.framing import byte_view
 from ..wire.limits import WIRE_INT_MAX, WIRE_INT_MIN
@@ -46,14 +48,18 @@ from ..wire.protocol import DTYPES
 from .recording import Recording
 
 __all__ = [
+    "BINARY_OPERATORS",
     "BUFFER",
+    "COMPARISONS",
+    "UNARY_OPERATORS",
     "ArrayMetadata",
     "ArrayRef",
     "Buffer",
     "Call",
     "Core",
     "HostCopies",
-    "collect_writes",
+    "drive",
+    "drive_now",
     "dtype_name",
     "fill_param",
     "infer",
@@ -104,8 +110,6 @@ class Buffer:
         """The buffer is written (by the device, or by an upload): the host copy is stale."""
         self.host = None
         self.writes += 1
-        if _written is not None:  # a step is being captured: it writes this buffer
-            _written.add(self)
 
     def detach(self) -> bool:
         """Mark the buffer freed by its owner (no release when it goes); False if it was."""
@@ -119,16 +123,6 @@ class Buffer:
         if not self.freed:  # at interpreter exit, or with the session gone, nothing to free
             with contextlib.suppress(Exception):
                 self.release(self.handle, self.nbytes)
-
-
-_written: set[Buffer] | None = None  # the buffers written while a step is captured
-
-
-def collect_writes(into: set[Buffer] | None) -> None:
-    """While a step is captured (``gpuremote.core.capture``), add every buffer written to
-    ``into``; ``None``: stop."""
-    global _written
-    _written = into
 
 
 class ArrayMetadata:
@@ -298,20 +292,45 @@ class HostCopies:
         return part.view(ref._dtype).reshape(ref.shape).copy()
 
 
-class SessionLike(Protocol):
-    """What the core needs of a client session."""
-
-    def new_handle(self) -> int: ...
-    def count_local(self, n: int = 1, shadow_bytes: int = 0) -> None: ...
-
-
-Post = Callable[[CallSpec, int, list[Any], "memoryview | None"], None]
+#: how a front end queues an ASYNC call: (call, stream, args, buffer)
+Send = Callable[[CallSpec, int, list[Any], "memoryview | None"], None]
 #: a call that needs its reply: (core of the session it goes to, call, stream, args, buffer)
 Call = tuple["Core", CallSpec, int, list[Any], "memoryview | None"]
-Reply = tuple[Any, list[memoryview]]
 #: a procedure over several sessions: yields the calls it waits for, is sent their replies
-#: (or thrown their errors) by the front end, returns its result
+#: (or thrown their errors) by the front end (``drive``), returns its result
 Steps = Generator[Call, Reply, Any]
+
+
+async def drive(steps: Steps, call: Callable[[Call], Awaitable[Reply]]) -> Any:
+    """Run a procedure of the core to its end: ``call`` makes each call it yields and gives
+    back the reply (or raises the call's error, which the procedure may catch)."""
+    try:
+        request = next(steps)
+        while True:
+            try:
+                reply = await call(request)
+            except Exception as exc:
+                request = steps.throw(exc)
+            else:
+                request = steps.send(reply)
+    except StopIteration as stop:
+        return stop.value
+
+
+def drive_now(steps: Steps, call: Callable[[Call], Reply]) -> Any:
+    """``drive`` for a front end that waits in the calling thread: ``call`` returns each
+    reply itself, so the driver never suspends and runs to its end here."""
+
+    async def answered(request: Call) -> Reply:
+        return call(request)
+
+    driver = drive(steps, answered)
+    try:
+        driver.send(None)
+    except StopIteration as stop:
+        return stop.value
+    driver.close()
+    raise RuntimeError("drive_now: a call did not answer at once")
 
 
 def _raise_local(exc: OpError) -> NoReturn:
@@ -324,17 +343,20 @@ def _raise_local(exc: OpError) -> NoReturn:
 class Core:
     """The array core of one session: builds calls, never waits (see the module doc).
 
-    ``post(spec, stream, args, buffer)`` queues an ASYNC call; ``release(handle, nbytes)``
-    frees a buffer later, from any thread (a garbage array's); ``make(core, buf, shape,
-    dtype, offset)`` makes the front end's array type; ``owner`` is the front end object."""
+    ``send(spec, stream, args, buffer)`` is how the front end queues an ASYNC call (every
+    one goes through ``post``); ``release(handle, nbytes)`` frees a buffer later, from any
+    thread (a garbage array's); ``make(core, buf, shape, dtype, offset)`` makes the front
+    end's array type; ``owner`` is the front end object. ``recorder`` is the step being
+    captured, if any (``recording``)."""
 
     __slots__ = (
+        "_lock",
+        "_send",
         "copies",
         "make",
         "new_handle",
         "owner",
-        "post",
-        "recording",
+        "recorder",
         "release",
         "session",
     )
@@ -342,8 +364,8 @@ class Core:
     def __init__(
         self,
         owner: Any,
-        session: SessionLike,
-        post: Post,
+        session: Session,
+        send: Send,
         release: Callable[[int, int], None],
         make: Callable[..., Any],
         copies: HostCopies,
@@ -351,12 +373,40 @@ class Core:
         self.owner = owner
         self.session = session
         self.new_handle = session.new_handle
-        self.post = post
+        self._send = send
         self.release = release
         self.make = make
         self.copies = copies
-        #: the step being captured (``gpuremote.core.capture``): reading data is refused
-        self.recording: Recording | None = None
+        self.recorder: Recording | None = None
+        self._lock = threading.RLock()  # one recording at a time on this core
+
+    # -- what every call goes through ------------------------------------------------------
+    def post(self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None) -> None:
+        """Queue an ASYNC call (recorded too, while a step is captured)."""
+        recorder = self.recorder
+        if recorder is not None:
+            recorder.add(spec, stream, args, buffer)
+        self._send(spec, stream, args, buffer)
+
+    def written(self, buf: Buffer) -> None:
+        """``buf`` is written (by the device, or by an upload): its host copy is stale (after
+        every replay too, while a step is captured)."""
+        buf.invalidate()
+        if self.recorder is not None:
+            self.recorder.wrote(buf)
+
+    @contextlib.contextmanager
+    def recording(self, recorder: Recording) -> Iterator[Recording]:
+        """Give the core and its session ``recorder`` (inside a recording already: the new
+        one records into it too), one thread at a time."""
+        with self._lock:
+            outer, session = self.recorder, self.session
+            recorder.outer = outer
+            self.recorder = session.recorder = recorder
+            try:
+                yield recorder
+            finally:
+                self.recorder = session.recorder = outer
 
     # -- allocation ------------------------------------------------------------------------
     def new(self, shape: tuple[int, ...], dt: np.dtype[Any]) -> Any:
@@ -396,7 +446,7 @@ class Core:
         """Upload ``snap`` (the caller's own copy, of ``dst``'s shape and dtype) into ``dst``
         (ASYNC); it becomes the buffer's host copy where the policy allows."""
         buf = dst._buf
-        buf.invalidate()
+        self.written(buf)
         if dst.offset == 0 and dst.nbytes == buf.nbytes:
             self.copies.keep(buf, snap.reshape(-1).view(np.uint8))
         self.post(_H2D, stream, [dst._desc(), BUFFER], byte_view(snap))
@@ -407,7 +457,7 @@ class Core:
         arr = np.ascontiguousarray(host, dtype=dst._dtype)
         if arr.shape != dst.shape:
             raise ValueError(f"cannot write shape {arr.shape} into an array of {dst.shape}")
-        dst._buf.invalidate()
+        self.written(dst._buf)
         return [dst._desc(), BUFFER], byte_view(arr)
 
     # -- download --------------------------------------------------------------------------
@@ -416,8 +466,8 @@ class Core:
         if ref._buf.host is None:  # the common case, in one test
             return None
         ref._desc()
-        if self.recording is not None:  # a step's data is the device's, at each replay
-            self.recording.refuse("reading an array's data")
+        if self.recorder is not None:  # a step's data is the device's, at each replay
+            self.recorder.refuse("reading an array's data")
         out = self.copies.read(ref)
         if out is not None:
             self.session.count_local(shadow_bytes=ref.nbytes)
@@ -543,7 +593,7 @@ class Core:
             got = [(o.shape, o._dtype) for o in into]
             raise ValueError(f"{name} writes {outs_meta}; the outputs given are {got}")
         for o in into:
-            o._buf.invalidate()
+            self.written(o._buf)
         self.post(_LAUNCH, stream, [name, wires, [o._desc() for o in into], params], None)
         return list(into)
 
@@ -626,6 +676,36 @@ class Core:
 
 #: the ops that take a Python scalar as their ``scalar`` param
 _TAKES_SCALAR = frozenset(name for name, op in ops.OPS.items() if "scalar" in op.params)
+
+
+# -- operators ----------------------------------------------------------------------------------
+#: Python's operators (the name between the dunders) and the ops they launch, for both front
+#: ends' arrays: binary ones (``__x__``, reflected ``__rx__``, in place ``__ix__``), then
+#: comparisons and unary ones
+BINARY_OPERATORS = {
+    "add": "add",
+    "sub": "subtract",
+    "mul": "multiply",
+    "truediv": "divide",
+    "floordiv": "floor_divide",
+    "mod": "remainder",
+    "pow": "pow",
+    "matmul": "matmul",
+    "and": "bitwise_and",
+    "or": "bitwise_or",
+    "xor": "bitwise_xor",
+    "lshift": "bitwise_left_shift",
+    "rshift": "bitwise_right_shift",
+}
+COMPARISONS = {
+    "eq": "equal",
+    "ne": "not_equal",
+    "lt": "less",
+    "le": "less_equal",
+    "gt": "greater",
+    "ge": "greater_equal",
+}
+UNARY_OPERATORS = {"neg": "negative", "pos": "positive", "abs": "abs", "invert": "bitwise_invert"}
 
 
 # -- output metadata, remembered ----------------------------------------------------------------

@@ -30,9 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..wire.calls import CALLS_BY_NAME, CallSpec
+from ..wire.calls import CALLS_BY_NAME
 from ..wire.limits import MAX_LIST
-from .arrays import ArrayRef, Buffer, Core, collect_writes
+from .arrays import ArrayRef, Buffer, Core
 from .recording import Recording
 
 __all__ = ["Step"]
@@ -42,14 +42,12 @@ _RECORD, _REPLAY, _FREE_STEP = (
     CALLS_BY_NAME["step_replay"],
     CALLS_BY_NAME["step_free"],
 )
-_FREE = CALLS_BY_NAME["free"]
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # gpuremote/
 #: not the user's code either: the standard library (asyncio's loop, when the calling thread
 #: drives the session's loop, runs between the user's line and the call)
 _NOT_USER = (_PACKAGE, os.path.dirname(os.path.abspath(os.__file__)))
 #: signatures a step keeps recorded; the oldest goes (on the proxy too) past this
 MAX_SIGNATURES = 64
-_RECORDING = threading.RLock()  # one recording at a time in this process
 
 
 @dataclass(slots=True)
@@ -118,8 +116,7 @@ class Step:
         stream = self._stream()
         key = self._signature(args, static, stream)
         if key not in self._recorded:
-            with _RECORDING:  # one recording at a time: it hooks its session's calls
-                return self._record(key, args, static, stream)
+            return self._record(key, args, static, stream)
         recorded = self._recorded[key]
         if recorded is None:  # needs data: runs uncaptured
             return self._fn(*args, **static)
@@ -150,30 +147,9 @@ class Step:
 
     # -- recording -------------------------------------------------------------------------
     def _record(self, key: Any, args: tuple[Any, ...], static: dict[str, Any], stream: int) -> Any:
-        core, session = self._core, self._core.session
-        rec = Recording(self.fallback, user_line, threading.get_ident())
-        post = core.post
-
-        def recording_post(
-            spec: CallSpec, stream: int, a: list[Any], buffer: memoryview | None
-        ) -> None:
-            # frees of arrays that fn drops are not part of the step, nor other threads' calls
-            if spec is not _FREE and threading.get_ident() == rec.thread:
-                rec.add(spec, stream, a, buffer)
-            post(spec, stream, a, buffer)
-
-        written: set[Buffer] = set()
-        core.post = recording_post
-        core.recording = rec
-        session.recording = rec  # type: ignore[attr-defined]  # what waits is refused
-        collect_writes(written)
-        try:
+        core = self._core
+        with core.recording(Recording(self.fallback, user_line, threading.get_ident())) as rec:
             out = self._fn(*args, **static)
-        finally:
-            collect_writes(None)
-            core.post = post
-            core.recording = None
-            session.recording = None  # type: ignore[attr-defined]
         if rec.abandoned or not rec.commands:  # needed data, or did nothing: uncaptured
             self._recorded[key] = None
             return out
@@ -191,7 +167,7 @@ class Step:
         handle = core.new_handle()
         program = rec.program([a._desc() for a in arrays], [h for h, _ in buffers])
         core.post(_RECORD, stream, [handle, program], None)
-        mine = [b for b in written if b.handle not in rec.created]
+        mine = [b for b in rec.written if b.handle not in rec.created]
         self._recorded[key] = _Recorded(handle, buffers, outputs, type(out), mine)
         return out
 
@@ -243,9 +219,9 @@ class Step:
                 b.detach()  # never made on the proxy
             raise
         for a in arrays:  # the step may write its arguments (in-place updates)
-            a._buf.invalidate()
+            core.written(a._buf)
         for b in recorded.written:  # and arrays it closes over
-            b.invalidate()
+            core.written(b)
         self.replays += 1
         outs = []
         for o in recorded.outputs:

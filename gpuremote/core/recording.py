@@ -1,8 +1,11 @@
-"""The calls of a step being captured (client side): what ``step_record`` sends.
+"""The recorder of a step being captured (client side): what ``step_record`` sends.
 
-While a step is captured (``gpuremote.core.capture``), each ASYNC call the array core posts is also
-added here, in the wire form of a step (``gpuremote.wire.protocol``'s ``Arg.STEP``): ``[opcode,
-stream, args]`` with the arrays it names listed once in a table of the step's own. The calls
+While a step is captured (``gpuremote.core.capture``), the array core and the session are given
+a ``Recording`` (``Core.recording``): each ASYNC call the core posts is also added here, in
+the wire form of a step (``gpuremote.wire.protocol``'s ``Arg.STEP``): ``[opcode, stream,
+args]`` with the arrays it names listed once in a table of the step's own; each buffer the
+core marks written is noted (its host copy is stale after every replay); and what a step
+cannot hold (a call that waits for the device, host data, a new stream) is refused. The calls
 still run as usual: the first call of a captured step records and runs.
 """
 
@@ -21,24 +24,36 @@ __all__ = ["Recording"]
 class Recording:
     """Calls recorded for one step (see the module docstring). ``fallback``: what a step
     cannot hold ends the recording (``abandoned``) instead of raising ``CaptureError``;
-    ``where()`` names the user's line in an error."""
+    ``where()`` names the user's line in an error; ``thread``: the recording thread (other
+    threads' calls are not the step's); ``outer``: the recording of a step that this one is
+    captured inside, which records what this one does too."""
 
     def __init__(
-        self, fallback: bool = False, where: Callable[[], str] = lambda: "?", thread: int = 0
+        self,
+        fallback: bool = False,
+        where: Callable[[], str] = lambda: "?",
+        thread: int = 0,
+        outer: Recording | None = None,
     ) -> None:
         self.commands: list[list[Any]] = []
         self.created: set[int] = set()  # handles of the buffers the step makes
+        #: the buffers the step writes (the core's ``Buffer`` objects), made or not
+        self.written: set[Any] = set()
         self.fallback = fallback
         self.abandoned = False
-        self.thread = thread  # the recording thread: other threads' calls are not the step's
+        self.thread = thread
+        self.outer = outer
         self._where = where
         self._arrays: list[list[Any]] = []
         self._index: dict[int, int] = {}  # id(array descriptor) -> index in the table
 
+    def _ours(self) -> bool:
+        return not self.thread or threading.get_ident() == self.thread
+
     def refuse(self, what: str) -> None:
         """``what`` cannot be part of a step: ``CaptureError`` naming it and the user's line,
         or, with ``fallback``, the recording ends and the call goes ahead."""
-        if self.abandoned or (self.thread and threading.get_ident() != self.thread):
+        if self.abandoned or not self._ours():
             return
         if self.fallback:
             self.abandoned = True
@@ -46,8 +61,16 @@ class Recording:
         raise CaptureError(f"{what}, at {self._where()}, cannot be part of a captured step")
 
     def add(self, spec: CallSpec, stream: int, args: list[Any], buffer: Any = None) -> None:
-        """Record an ASYNC call (``refuse`` what a step cannot hold)."""
-        if self.abandoned:
+        """Record an ASYNC call (``refuse`` what a step cannot hold). Frees of buffers are not
+        part of a step (an array the step drops), nor are other threads' calls."""
+        self._add(spec, stream, args, buffer)
+        if self.outer is not None:
+            self.outer.add(spec, stream, args, buffer)
+
+    def _add(self, spec: CallSpec, stream: int, args: list[Any], buffer: Any) -> None:
+        if self.abandoned or not self._ours():
+            return
+        if any(resource is Resource.BUFFER for _, resource in spec.frees):
             return
         if buffer is not None:
             self.refuse(f"{spec.name} (host data sent to the device; pass it as an argument)")
@@ -69,6 +92,13 @@ class Recording:
                 a = args[i]
                 self.created.update([w[0] for w in a] if spec.args[i].kind is Arg.ARRAYS else [a])
         self.commands.append([spec.opcode, stream, out])
+
+    def wrote(self, buffer: Any) -> None:
+        """The core marked ``buffer`` written (an upload, a launch into it, a copy)."""
+        if self._ours():
+            self.written.add(buffer)
+        if self.outer is not None:
+            self.outer.wrote(buffer)
 
     def intern(self, wire: list[Any]) -> int:
         """The index of array descriptor ``wire`` in the step's table."""

@@ -138,10 +138,10 @@ def scalar_dtype(dt: np.dtype[Any], value: Any) -> np.dtype[Any]:
 
 def number(params: Params, key: str) -> float | int | bool:
     """Param ``key``, which must be a Python number."""
-    v = params.get(key)
+    v: Any = params.get(key)
     if type(v) not in (int, float, bool):
         raise OpError(f"parameter {key!r} must be a number")
-    return v  # type: ignore[return-value]
+    return v
 
 
 def broadcast(shapes: Sequence[Shape]) -> Shape:

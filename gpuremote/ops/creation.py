@@ -51,13 +51,13 @@ def _arange_length(start: float, stop: float, step: float) -> int:
 
 
 def _arange_meta(ins: Sequence[Meta], params: Params) -> list[Meta]:
-    vals = [params.get(k) for k in ("start", "stop", "step")]
+    vals: list[Any] = [params.get(k) for k in ("start", "stop", "step")]
     if any(type(v) not in (int, float) for v in vals):
         raise OpError("arange needs numbers start, stop and step")
     dt = dtype_param(params)
     if dt is None:
         dt = INT64 if all(type(v) is int for v in vals) else np.dtype(np.float64)
-    return [((_arange_length(*vals),), dt)]  # type: ignore[arg-type]
+    return [((_arange_length(*vals),), dt)]
 
 
 def _arange_call(ns: Any, ins: Sequence[Any], params: Params) -> Any:

@@ -66,7 +66,8 @@ from ..wire.framing import FrameLimits
 from ..wire.limits import MAX_TICKETS_PER_SESSION
 from ..wire.protocol import DTYPES
 from .connection import open_session, place, placed
-from .pipeline import ClientSession, Counters
+from .contract import Counters, Recorder
+from .pipeline import ClientSession
 
 __all__ = [
     "FailoverConfig",
@@ -328,7 +329,7 @@ class FailoverSession:
         self._error: BaseException | None = None
         self._closing = False
         #: the step being captured (``gpuremote.core.capture``): calls that wait are refused
-        self.recording: Any = None
+        self.recorder: Recorder | None = None
         #: one dict per move: from, to, cause, detected (``time.perf_counter``), standby
         #: (whether the checkpoint's copies were there), and the seconds spent reconnecting,
         #: restoring and re-issuing the journal
@@ -412,8 +413,8 @@ class FailoverSession:
         proxy gives it."""
         if self._error is not None or self._closing:
             self.check_open()
-        if self.recording is not None:
-            self.recording.refuse(f"{spec.name} (it waits for the device's answer)")
+        if self.recorder is not None:
+            self.recorder.refuse(f"{spec.name} (it waits for the device's answer)")
         if self._stash:
             raise self._stash.popleft()
         if self._released:
@@ -472,7 +473,7 @@ class FailoverSession:
                 return await asyncio.wait_for(asyncio.shield(fut), timeout)
             except TimeoutError:
                 if inner is not None and inner is self._inner:
-                    inner._fail_all(
+                    inner.fail(
                         ConnectionClosed(f"no reply to {what} within {timeout} s: proxy gone")
                     )
             except (ConnectionClosed, RemoteProtocolError):
@@ -493,8 +494,8 @@ class FailoverSession:
         """Send an ASYNC call now and wait until a proxy has run it; the caller's buffer is
         copied into the journal first (the caller may change it once this returns)."""
         self.check_open()
-        if self.recording is not None:
-            self.recording.refuse(f"{spec.name} (host data sent to the device)")
+        if self.recorder is not None:
+            self.recorder.refuse(f"{spec.name} (host data sent to the device)")
         if self._released:
             self._flush_released()
         own = memoryview(bytearray(buffer)) if buffer is not None else None
@@ -1271,7 +1272,7 @@ class FailoverSession:
             await asyncio.wait_for(asyncio.shield(fut), limit)
         except TimeoutError:
             err = ConnectionClosed(f"no reply from {session.url} within {limit} s")
-            session._fail_all(err)
+            session.fail(err)
             raise err from None
 
     async def _reconnect(self) -> tuple[ClientSession, bool]:

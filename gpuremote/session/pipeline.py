@@ -11,7 +11,7 @@ the proxy in the reply to the next SYNC call and raised there as ``RemoteCallErr
 
 With ``async_calls`` off, every call makes its own round trip before the next is sent (the
 Python code is not blocked, but nothing overlaps on the wire); with ``batching`` off, every
-call is sent in a frame of its own at once. Results are the same either way.
+call is sent in a frame of its own at once. Replys are the same either way.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..aio import spin_until_done
@@ -34,7 +33,7 @@ from ..errors import (
     RemoteProtocolError,
 )
 from ..transports import Connection
-from ..wire.calls import BUFFER, CALLS_BY_NAME, CALLS_BY_OPCODE, Arg, CallClass, CallSpec
+from ..wire.calls import BUFFER, CALLS_BY_NAME, CALLS_BY_OPCODE, Arg, CallSpec
 from ..wire.framing import Frame
 from ..wire.limits import MAX_LIST, WIRE_INT_MAX, WIRE_INT_MIN
 from ..wire.protocol import (
@@ -47,9 +46,9 @@ from ..wire.protocol import (
     fatal_error,
 )
 from ..wire.protocol import encode_request as _encode_request
-from .contract import Recorder
+from .contract import Counters, Recorder, Reply
 
-__all__ = ["BUFFER", "ClientSession", "Counters"]
+__all__ = ["ClientSession"]
 
 _FREE, _FREE_BUFFERS = CALLS_BY_NAME["free"], CALLS_BY_NAME["free_buffers"]
 _FREES_PER_COMMAND = MAX_LIST  # the protocol's longest list of handles
@@ -86,26 +85,6 @@ def _check_sendable(value: Any, spec: CallSpec, depth: int = 0) -> None:
     )
 
 
-@dataclass(slots=True)
-class Counters:
-    """What the session did: the inputs of the overhead model."""
-
-    calls: dict[str, int] = field(default_factory=lambda: {k.value: 0 for k in CallClass})
-    frames_sent: int = 0
-    frames_received: int = 0
-    round_trips: int = 0  # times the client waited for a reply
-    bytes_sent: int = 0
-    bytes_received: int = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["calls"] = dict(self.calls)
-        return d
-
-
-Result = tuple[Any, list[memoryview]]
-
-
 class ClientSession:
     """Queues, batches and sends calls over ``conn``; matches replies; tracks errors."""
 
@@ -123,18 +102,18 @@ class ClientSession:
         self._qbytes = 0
         self._qstart = 0.0
         self._flush_scheduled: asyncio.Handle | asyncio.TimerHandle | None = None
-        self._pending: dict[int, asyncio.Future[Result]] = {}
+        self._pending: dict[int, asyncio.Future[Reply]] = {}
         #: handles to free with the next frame: appended from any thread (finalizers), taken
         #: on the loop; deque appends and pops are atomic, so no free is ever lost
         self._to_free: deque[int] = deque()
         self._free_bytes = 0  # about what the handles in _to_free hold (a flush trigger)
-        self._serial: deque[tuple[Frame, asyncio.Future[Result]]] = deque()
+        self._serial: deque[tuple[Frame, asyncio.Future[Reply]]] = deque()
         self._serial_task: asyncio.Task[None] | None = None
         self._error: BaseException | None = None
         self._unsent: deque[LocalProtocolError] = deque()  # ASYNC calls that were not sent
         self._closing = False
         #: the step being captured (``gpuremote.core.capture``): calls that wait are refused
-        self.recording: Recorder | None = None
+        self.recorder: Recorder | None = None
         self.notices: deque[Any] = deque(maxlen=64)  # the proxy's latest notices
         self.shutting_down = False
         #: the URL this session was opened to (``gpuremote.session.connection.open_session``)
@@ -258,18 +237,18 @@ class ClientSession:
 
     async def call(
         self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None = None
-    ) -> Result:
+    ) -> Reply:
         """Send a SYNC call (after everything queued) and wait for its reply."""
         return await self.wait(self.start_call(spec, stream, args, buffer), spec.name)
 
     def start_call(
         self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None = None
-    ) -> asyncio.Future[Result]:
+    ) -> asyncio.Future[Reply]:
         """Send a SYNC call (after everything queued); returns the future of its reply, which
         ``wait`` waits for (on the session's loop)."""
         self.check_open()
-        if self.recording is not None:
-            self.recording.refuse(f"{spec.name} (it waits for the device's answer)")
+        if self.recorder is not None:
+            self.recorder.refuse(f"{spec.name} (it waits for the device's answer)")
         if self._unsent:  # an earlier ASYNC call could not be sent: raised here, once
             self._flush_now()
             raise self._unsent.popleft()
@@ -278,9 +257,9 @@ class ClientSession:
             self._queue_frees()
         return self._send_awaited(self._command(spec, stream, args, buffer, ack=False))
 
-    def _send_awaited(self, cmd: list[Any]) -> asyncio.Future[Result]:
+    def _send_awaited(self, cmd: list[Any]) -> asyncio.Future[Reply]:
         """Send ``cmd`` (after everything queued) now; the future of its reply."""
-        fut: asyncio.Future[Result] = self._loop.create_future()
+        fut: asyncio.Future[Reply] = self._loop.create_future()
         self._pending[cmd[0]] = fut
         self._queue.append(cmd)
         if self.config.async_calls:
@@ -295,7 +274,7 @@ class ClientSession:
         driving the loop may wait for the future itself."""
         return not self.config.spin_us and self.config.call_timeout_s is None
 
-    async def wait(self, fut: asyncio.Future[Result], what: str) -> Result:
+    async def wait(self, fut: asyncio.Future[Reply], what: str) -> Reply:
         """The reply of a started call (``what`` names it in a timeout's error)."""
         if self.config.spin_us:
             spin_until_done(fut, self.config.spin_us / 1e6)
@@ -306,7 +285,7 @@ class ClientSession:
             return await asyncio.wait_for(asyncio.shield(fut), timeout)
         except TimeoutError:
             exc = ConnectionClosed(f"no reply to {what} within {timeout} s: the proxy is gone")
-            self._fail_all(exc)
+            self.fail(exc)
             if fut.done() and not fut.cancelled():
                 fut.exception()  # retrieved: it is raised here instead
             raise exc from None
@@ -317,13 +296,13 @@ class ClientSession:
         """Send an ASYNC call now and wait until the proxy has run it (used to borrow a
         caller's buffer without copying it); its error, if any, is deferred as usual."""
         self.check_open()
-        if self.recording is not None:
-            self.recording.refuse(f"{spec.name} (host data sent to the device)")
+        if self.recorder is not None:
+            self.recorder.refuse(f"{spec.name} (host data sent to the device)")
         await self.wait(self.start_ack(spec, stream, args, buffer), spec.name)
 
     def start_ack(
         self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None = None
-    ) -> asyncio.Future[Result]:
+    ) -> asyncio.Future[Reply]:
         """``ack``'s call sent now; returns the future of its acknowledgement."""
         self.counters.calls["async"] += 1
         return self._send_awaited(self._command(spec, stream, args, buffer, ack=True))
@@ -455,7 +434,7 @@ class ClientSession:
         try:
             self.conn.send(frame)
         except GpuRemoteError as exc:
-            self._fail_all(exc)
+            self.fail(exc)
             raise
         self.counters.frames_sent += 1
         self.counters.bytes_sent += frame.nbytes
@@ -504,7 +483,7 @@ class ClientSession:
     def _on_lost(self, exc: BaseException) -> None:
         if not isinstance(exc, GpuRemoteError):
             exc = RemoteProtocolError(f"bad reply: {type(exc).__name__}: {exc}")
-        self._fail_all(exc)
+        self.fail(exc)
 
     def _on_frame(self, frame: Frame) -> None:
         self.counters.frames_received += 1
@@ -515,7 +494,7 @@ class ClientSession:
             for reply in decode_replies(frame, msg):
                 fut = self._pending.pop(reply.seq, None)
                 if self.shutting_down and not self._pending:
-                    self._loop.call_soon(self._fail_all, ConnectionClosed("the proxy shut down"))
+                    self._loop.call_soon(self.fail, ConnectionClosed("the proxy shut down"))
                 if fut is None or fut.done():
                     continue
                 if reply.ok:
@@ -529,11 +508,13 @@ class ClientSession:
             if msg[1:2] == ["shutdown"]:
                 self.shutting_down = True  # replies in flight still come; new calls fail
                 if not self._pending:
-                    self._fail_all(ConnectionClosed("the proxy is shutting down"))
+                    self.fail(ConnectionClosed("the proxy is shutting down"))
         else:
             raise RemoteProtocolError(f"unexpected message type {kind}")
 
-    def _fail_all(self, exc: BaseException) -> None:
+    def fail(self, exc: BaseException) -> None:
+        """The session is lost (``exc`` says how): every call waiting fails with it, the
+        connection is closed, and ``on_fail`` is told (once)."""
         first = self._error is None
         if first:
             self._error = exc
@@ -568,4 +549,4 @@ class ClientSession:
             self._flush_scheduled.cancel()
         self.conn.close()
         if self._pending:
-            self._fail_all(ConnectionClosed("the session was closed"))
+            self.fail(ConnectionClosed("the session was closed"))

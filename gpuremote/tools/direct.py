@@ -9,6 +9,7 @@ previous call returned, and the time the call ran on the device.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -19,10 +20,9 @@ import numpy as np
 from ..backends import Backend, get_backend
 from ..client import GPU
 from ..config import PipelineConfig
-from ..core.recording import Recording
 from ..errors import ConnectionClosed
 from ..proxy.executor import Executor
-from ..session.pipeline import Counters
+from ..session.contract import Counters, Recorder, Reply
 from ..wire.calls import BUFFER, CALLS_BY_NAME, Arg, CallSpec
 from ..wire.framing import byte_view
 from ..wire.protocol import DTYPES, ArrayDesc, Command, decode_step
@@ -82,7 +82,10 @@ def _direct_args(spec: CallSpec, args: list[Any]) -> tuple[Any, ...]:
 
 
 class DirectSession:
-    """What ``GPU`` needs of a session, run directly on an executor (see the module doc)."""
+    """The session contract (``gpuremote.session.contract.Session``) run directly on an
+    executor in this process (see the module docstring)."""
+
+    url = "local://"
 
     def __init__(
         self, backend: Backend, config: PipelineConfig = PipelineConfig(), record: bool = True
@@ -94,7 +97,7 @@ class DirectSession:
         self._seq = 0
         self._handle = 0
         self._closed = False
-        self.recording: Recording | None = None  # a step being captured: waits refused
+        self.recorder: Recorder | None = None  # a step being captured: waits refused
         self._last = time.perf_counter()
         self._to_free: deque[int] = deque()  # appended from any thread (finalizers)
         self.notices: list[Any] = []
@@ -122,7 +125,7 @@ class DirectSession:
 
     def _run(
         self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None
-    ) -> tuple[Any, list[memoryview]]:
+    ) -> Reply:
         if self._closed:
             raise ConnectionClosed("the local session is closed")
         start = time.perf_counter()
@@ -152,7 +155,7 @@ class DirectSession:
                     kernel_s=queued - queued0,
                 )
             )
-        result: tuple[Any, list[memoryview]] = (None, [])
+        result: Reply = (None, [])
         if replies:
             reply = replies[0]
             if not reply.ok:
@@ -170,10 +173,31 @@ class DirectSession:
 
     async def call(
         self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None = None
-    ) -> tuple[Any, list[memoryview]]:
-        if self.recording is not None:
-            self.recording.refuse(f"{spec.name} (it waits for the device's answer)")
+    ) -> Reply:
+        if self.recorder is not None:
+            self.recorder.refuse(f"{spec.name} (it waits for the device's answer)")
         return self._run(spec, stream, [a if a is not BUFFER else 0 for a in args], buffer)
+
+    def start_call(
+        self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None = None
+    ) -> asyncio.Future[Reply]:
+        """``call``, run now: the future is done when this returns."""
+        if self.recorder is not None:
+            self.recorder.refuse(f"{spec.name} (it waits for the device's answer)")
+        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        try:
+            fut.set_result(
+                self._run(spec, stream, [a if a is not BUFFER else 0 for a in args], buffer)
+            )
+        except Exception as exc:
+            fut.set_exception(exc)
+        return fut
+
+    async def wait(self, fut: asyncio.Future[Reply], what: str) -> Reply:
+        return await fut
+
+    def plain_wait(self) -> bool:
+        return True
 
     async def ack(
         self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None = None
@@ -187,6 +211,9 @@ class DirectSession:
         """Free ``handle`` before the next call (finalizers may run in the middle of one)."""
         if not self._closed:
             self._to_free.append(handle)
+
+    def defer_free(self, handle: int, nbytes: int = 0) -> None:
+        self.release(handle, nbytes)
 
     def _free_released(self) -> None:
         while self._to_free:
@@ -211,7 +238,7 @@ def connect_direct(backend: str | Backend = "numpy", *, record: bool = True) -> 
     session = DirectSession(be, record=record)
     info: dict[str, Any] = dict(be.device_info())
     info.update(protocol=0, session=0, local=True)
-    return GPU(session, "local://", info)  # type: ignore[arg-type]
+    return GPU(session, "local://", info)
 
 
 def trace_of(gpu: GPU) -> list[TraceEntry]:

@@ -84,8 +84,9 @@ def _lengths(n: int) -> struct.Struct:
     return struct.Struct(f"<{n}Q")
 
 
-def as_bytes_view(buf: object) -> memoryview:
-    view = buf if type(buf) is memoryview else memoryview(buf)  # type: ignore[arg-type]
+def as_bytes_view(buf: Any) -> memoryview:
+    """``buf`` (anything with the buffer protocol, C-contiguous) as a flat view of bytes."""
+    view = buf if type(buf) is memoryview else memoryview(buf)
     if view.format == "B" and view.ndim == 1 and view.c_contiguous:
         return view
     if not view.c_contiguous:

@@ -424,17 +424,17 @@ def _check_array(v: Any, name: str, ctx: DecodeContext) -> ArrayDesc:
         raise BadCommand(
             f"argument {name!r} refers to array {v!r:.20}; the frame has {len(ctx.arrays)}"
         )
-    desc = ctx.arrays[v]
+    desc: Any = ctx.arrays[v]
     if type(desc) is BadCommand:
         raise BadCommand(str(desc))  # a fresh one: the table's keeps no frames
-    return desc  # type: ignore[return-value]
+    return desc
 
 
 def _check_arrays(v: Any, name: str, ctx: DecodeContext) -> tuple[ArrayDesc, ...]:
     if type(v) is not list or len(v) > MAX_LIST:
         raise BadCommand(f"argument {name!r} must be a list of at most {MAX_LIST} arrays")
     table, n = ctx.arrays, len(ctx.arrays)
-    out = []
+    out: list[Any] = []
     for a in v:  # _check_array, inlined: this is the hot path of every launch
         if type(a) is not int or not 0 <= a < n:
             raise BadCommand(f"argument {name!r} refers to array {a!r:.20}; the frame has {n}")
@@ -442,7 +442,7 @@ def _check_arrays(v: Any, name: str, ctx: DecodeContext) -> tuple[ArrayDesc, ...
         if type(desc) is BadCommand:
             raise BadCommand(str(desc))  # a fresh one: the table's keeps no frames
         out.append(desc)
-    return tuple(out)  # type: ignore[arg-type]
+    return tuple(out)
 
 
 def _check_params(v: Any, name: str, ctx: DecodeContext) -> dict[str, Any]:
@@ -565,7 +565,7 @@ def _descs(v: Any, name: str, ctx: DecodeContext) -> tuple[ArrayDesc, ...]:
     n = len(table)
     if type(v) is not list or len(v) > MAX_LIST:
         return _check_arrays(v, name, ctx)  # raises
-    out = []
+    out: list[Any] = []
     for a in v:
         if type(a) is not int or not 0 <= a < n:
             return _check_arrays(v, name, ctx)  # raises, naming the bad index
@@ -573,7 +573,7 @@ def _descs(v: Any, name: str, ctx: DecodeContext) -> tuple[ArrayDesc, ...]:
         if type(desc) is BadCommand:
             raise BadCommand(str(desc))  # a fresh one: the table's keeps no frames
         out.append(desc)
-    return tuple(out)  # type: ignore[arg-type]
+    return tuple(out)
 
 
 def _check_launch_args(a: list[Any], ctx: DecodeContext) -> tuple[Any, ...]:

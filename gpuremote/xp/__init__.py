@@ -26,9 +26,8 @@ from collections.abc import Callable as _Callable
 from typing import Any as _Any
 from typing import overload as _overload
 
-from ..config import resolve_url
 from ..core.capture import Step as _Step
-from ..session.connection import place_now, placed
+from ..session.opener import devices_now as _devices_now
 from . import _standard, fft, linalg
 from ._array import Array as Array
 from ._device import Device, default_device, open_devices, set_default_device
@@ -92,14 +91,11 @@ def connect(
         device = Device(url, **options)
         set_default_device(device)
         return device
-    target = resolve_url(url)
-    if placed(target) is None:
-        raise ValueError(f"devices= needs a pool:// URL, not {target!r}")
-    urls, extra = place_now(target, int(k))
+    urls, options = _devices_now(url, int(k), options)
     opened: list[Device] = []
     try:
         for u in urls:
-            opened.append(Device(u, **{**options, **extra}))
+            opened.append(Device(u, **options))
     except BaseException:
         for d in opened:
             d.close()

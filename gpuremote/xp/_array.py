@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import operator
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
-from ..core.arrays import ArrayRef, fill_param
-from ..errors import LocalProtocolError
+from ..core.arrays import BINARY_OPERATORS, COMPARISONS, UNARY_OPERATORS, ArrayRef, fill_param
 from ._dtypes import DType, wrap
 
 __all__ = ["Array", "encode_index"]
@@ -58,6 +57,40 @@ def encode_index(key: Any, shape: tuple[int, ...]) -> tuple[list[int], tuple[int
             flat += [0, i % n, 0, 0]
             dim += 1
     return flat, (*out, *shape[dim:])
+
+
+def _binary(name: str, how: str = "") -> Callable[[Array, Any], Array]:
+    """The method of binary operator ``__name__`` (``how``: ``"r"`` reflected, ``"i"`` in
+    place): the op the core's tables give it, on the default stream, with no host data."""
+    op = BINARY_OPERATORS.get(name) or COMPARISONS[name]
+    if how == "r":
+
+        def method(self: Array, other: Any) -> Array:
+            return self._core.apply(op, (other, self), {}, None, 0, False)
+
+    elif how == "i":
+
+        def method(self: Array, other: Any) -> Array:
+            return self._core.apply(op, (self, other), {}, self, 0, False)
+
+    else:
+
+        def method(self: Array, other: Any) -> Array:
+            return self._core.apply(op, (self, other), {}, None, 0, False)
+
+    method.__name__ = f"__{how}{name}__"
+    return method
+
+
+def _unary(name: str) -> Callable[[Array], Array]:
+    """The method of unary operator ``__name__``."""
+    op = UNARY_OPERATORS[name]
+
+    def method(self: Array) -> Array:
+        return self._core.apply(op, (self,), {}, None, 0, False)
+
+    method.__name__ = f"__{name}__"
+    return method
 
 
 class Array(ArrayRef):
@@ -243,160 +276,34 @@ class Array(ArrayRef):
             arrays.append(dev.upload(np.asarray(value, dtype=self._dtype)))
         dev.launch("setitem", arrays, params, into=self)
 
-    # -- operators -------------------------------------------------------------------------
-    def __add__(self, other: Any) -> Array:
-        return self._core.apply("add", (self, other), {}, None, 0, False)
-
-    def __radd__(self, other: Any) -> Array:
-        return self._core.apply("add", (other, self), {}, None, 0, False)
-
-    def __iadd__(self, other: Any) -> Array:
-        return self._core.apply("add", (self, other), {}, self, 0, False)
-
-    def __sub__(self, other: Any) -> Array:
-        return self._core.apply("subtract", (self, other), {}, None, 0, False)
-
-    def __rsub__(self, other: Any) -> Array:
-        return self._core.apply("subtract", (other, self), {}, None, 0, False)
-
-    def __isub__(self, other: Any) -> Array:
-        return self._core.apply("subtract", (self, other), {}, self, 0, False)
-
-    def __mul__(self, other: Any) -> Array:
-        return self._core.apply("multiply", (self, other), {}, None, 0, False)
-
-    def __rmul__(self, other: Any) -> Array:
-        return self._core.apply("multiply", (other, self), {}, None, 0, False)
-
-    def __imul__(self, other: Any) -> Array:
-        return self._core.apply("multiply", (self, other), {}, self, 0, False)
-
-    def __truediv__(self, other: Any) -> Array:
-        return self._core.apply("divide", (self, other), {}, None, 0, False)
-
-    def __rtruediv__(self, other: Any) -> Array:
-        return self._core.apply("divide", (other, self), {}, None, 0, False)
-
-    def __itruediv__(self, other: Any) -> Array:
-        return self._core.apply("divide", (self, other), {}, self, 0, False)
-
-    def __floordiv__(self, other: Any) -> Array:
-        return self._core.apply("floor_divide", (self, other), {}, None, 0, False)
-
-    def __rfloordiv__(self, other: Any) -> Array:
-        return self._core.apply("floor_divide", (other, self), {}, None, 0, False)
-
-    def __ifloordiv__(self, other: Any) -> Array:
-        return self._core.apply("floor_divide", (self, other), {}, self, 0, False)
-
-    def __mod__(self, other: Any) -> Array:
-        return self._core.apply("remainder", (self, other), {}, None, 0, False)
-
-    def __rmod__(self, other: Any) -> Array:
-        return self._core.apply("remainder", (other, self), {}, None, 0, False)
-
-    def __imod__(self, other: Any) -> Array:
-        return self._core.apply("remainder", (self, other), {}, self, 0, False)
-
-    def __pow__(self, other: Any) -> Array:
-        return self._core.apply("pow", (self, other), {}, None, 0, False)
-
-    def __rpow__(self, other: Any) -> Array:
-        return self._core.apply("pow", (other, self), {}, None, 0, False)
-
-    def __ipow__(self, other: Any) -> Array:
-        return self._core.apply("pow", (self, other), {}, self, 0, False)
-
-    def __matmul__(self, other: Any) -> Array:
-        return self._core.apply("matmul", (self, other), {}, None, 0, False)
-
-    def __rmatmul__(self, other: Any) -> Array:
-        return self._core.apply("matmul", (other, self), {}, None, 0, False)
-
-    def __imatmul__(self, other: Any) -> Array:
-        return self._core.apply("matmul", (self, other), {}, self, 0, False)
-
-    def __and__(self, other: Any) -> Array:
-        return self._core.apply("bitwise_and", (self, other), {}, None, 0, False)
-
-    def __rand__(self, other: Any) -> Array:
-        return self._core.apply("bitwise_and", (other, self), {}, None, 0, False)
-
-    def __iand__(self, other: Any) -> Array:
-        return self._core.apply("bitwise_and", (self, other), {}, self, 0, False)
-
-    def __or__(self, other: Any) -> Array:
-        return self._core.apply("bitwise_or", (self, other), {}, None, 0, False)
-
-    def __ror__(self, other: Any) -> Array:
-        return self._core.apply("bitwise_or", (other, self), {}, None, 0, False)
-
-    def __ior__(self, other: Any) -> Array:
-        return self._core.apply("bitwise_or", (self, other), {}, self, 0, False)
-
-    def __xor__(self, other: Any) -> Array:
-        return self._core.apply("bitwise_xor", (self, other), {}, None, 0, False)
-
-    def __rxor__(self, other: Any) -> Array:
-        return self._core.apply("bitwise_xor", (other, self), {}, None, 0, False)
-
-    def __ixor__(self, other: Any) -> Array:
-        return self._core.apply("bitwise_xor", (self, other), {}, self, 0, False)
-
-    def __lshift__(self, other: Any) -> Array:
-        return self._core.apply("bitwise_left_shift", (self, other), {}, None, 0, False)
-
-    def __rlshift__(self, other: Any) -> Array:
-        return self._core.apply("bitwise_left_shift", (other, self), {}, None, 0, False)
-
-    def __ilshift__(self, other: Any) -> Array:
-        return self._core.apply("bitwise_left_shift", (self, other), {}, self, 0, False)
-
-    def __rshift__(self, other: Any) -> Array:
-        return self._core.apply("bitwise_right_shift", (self, other), {}, None, 0, False)
-
-    def __rrshift__(self, other: Any) -> Array:
-        return self._core.apply("bitwise_right_shift", (other, self), {}, None, 0, False)
-
-    def __irshift__(self, other: Any) -> Array:
-        return self._core.apply("bitwise_right_shift", (self, other), {}, self, 0, False)
-
-    def __eq__(self, other: Any) -> Array:  # type: ignore[override]
-        return self._core.apply("equal", (self, other), {}, None, 0, False)
-
-    def __ne__(self, other: Any) -> Array:  # type: ignore[override]
-        return self._core.apply("not_equal", (self, other), {}, None, 0, False)
-
-    def __lt__(self, other: Any) -> Array:
-        return self._core.apply("less", (self, other), {}, None, 0, False)
-
-    def __le__(self, other: Any) -> Array:
-        return self._core.apply("less_equal", (self, other), {}, None, 0, False)
-
-    def __gt__(self, other: Any) -> Array:
-        return self._core.apply("greater", (self, other), {}, None, 0, False)
-
-    def __ge__(self, other: Any) -> Array:
-        return self._core.apply("greater_equal", (self, other), {}, None, 0, False)
-
-    def __neg__(self) -> Array:
-        return self._core.apply("negative", (self,), {}, None, 0, False)
-
-    def __pos__(self) -> Array:
-        return self._core.apply("positive", (self,), {}, None, 0, False)
-
-    def __abs__(self) -> Array:
-        return self._core.apply("abs", (self,), {}, None, 0, False)
-
-    def __invert__(self) -> Array:
-        return self._core.apply("bitwise_invert", (self,), {}, None, 0, False)
+    # -- operators (generated from the core's tables: ``_binary``, ``_unary``) ---------------
+    __add__, __radd__, __iadd__ = _binary("add"), _binary("add", "r"), _binary("add", "i")
+    __sub__, __rsub__, __isub__ = _binary("sub"), _binary("sub", "r"), _binary("sub", "i")
+    __mul__, __rmul__, __imul__ = _binary("mul"), _binary("mul", "r"), _binary("mul", "i")
+    __truediv__ = _binary("truediv")
+    __rtruediv__, __itruediv__ = _binary("truediv", "r"), _binary("truediv", "i")
+    __floordiv__ = _binary("floordiv")
+    __rfloordiv__, __ifloordiv__ = _binary("floordiv", "r"), _binary("floordiv", "i")
+    __mod__, __rmod__, __imod__ = _binary("mod"), _binary("mod", "r"), _binary("mod", "i")
+    __pow__, __rpow__, __ipow__ = _binary("pow"), _binary("pow", "r"), _binary("pow", "i")
+    __matmul__ = _binary("matmul")
+    __rmatmul__, __imatmul__ = _binary("matmul", "r"), _binary("matmul", "i")
+    __and__, __rand__, __iand__ = _binary("and"), _binary("and", "r"), _binary("and", "i")
+    __or__, __ror__, __ior__ = _binary("or"), _binary("or", "r"), _binary("or", "i")
+    __xor__, __rxor__, __ixor__ = _binary("xor"), _binary("xor", "r"), _binary("xor", "i")
+    __lshift__ = _binary("lshift")
+    __rlshift__, __ilshift__ = _binary("lshift", "r"), _binary("lshift", "i")
+    __rshift__ = _binary("rshift")
+    __rrshift__, __irshift__ = _binary("rshift", "r"), _binary("rshift", "i")
+    __eq__ = _binary("eq")  # type: ignore[assignment]  # elementwise, as the standard says
+    __ne__ = _binary("ne")  # type: ignore[assignment]
+    __lt__, __le__ = _binary("lt"), _binary("le")
+    __gt__, __ge__ = _binary("gt"), _binary("ge")
+    __neg__, __pos__ = _unary("neg"), _unary("pos")
+    __abs__, __invert__ = _unary("abs"), _unary("invert")
 
     def reshape(self, *shape: Any) -> Array:
         """A view with another shape (local: our arrays are contiguous)."""
         dims = shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape
         out: Array = self._core.reshape(self, dims)
         return out
-
-    def _check_open(self) -> None:
-        if self._device.closed:
-            raise LocalProtocolError(f"the array's device {self._device.url} is closed")

@@ -25,11 +25,10 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ..config import resolve_url
-from ..core.arrays import Call, Core, HostCopies, Reply, Steps
+from ..core.arrays import Call, Core, HostCopies, drive_now
 from ..errors import ConnectionClosed
-from ..session.connection import open_session, place
-from ..session.failover import failover_config, open_failover_session
+from ..session import opener
+from ..session.contract import Reply, Session
 from ..wire.calls import CALLS_BY_NAME, CallSpec
 from ._array import Array
 
@@ -81,22 +80,15 @@ class Device:
         self._helper = threading.Thread(target=self._help, name="gpuremote-xp", daemon=True)
         self._helper.start()
 
-        async def open_() -> tuple[str, Any, dict[str, Any]]:
+        async def open_() -> tuple[str, Session, dict[str, Any]]:
+            target = url
             if serve is not None:  # a proxy of our own, on this loop (loads the proxy side)
                 from ..proxy import Proxy
 
                 self._proxy = Proxy(serve)
                 target = await self._proxy.start(url or f"inproc://xp-{id(self):x}")
-                extra: dict[str, Any] = {}
-            else:
-                target = resolve_url(url)
-                failover = failover_config(target, options)
-                if failover is not None:
-                    fsession, info = await open_failover_session(target, failover, **options)
-                    return fsession.url, fsession, info
-                (target,), extra = await place(target, 1)
-            session, info = await open_session(target, **{**options, **extra})
-            return target, session, info
+            session, info = await opener.open(target, **options)
+            return session.url, session, info
 
         try:
             self._url, self.session, self.info = self._run(open_())
@@ -276,22 +268,6 @@ class Device:
                 self._owner.release()
         return self._run(self._call(spec, args, buffer))
 
-    def _drive_steps(self, steps: Steps) -> Any:
-        """Run an array core procedure that waits for replies, each in the calling thread."""
-        try:
-            call: Call = next(steps)
-            while True:
-                core, spec, _, args, buf = call
-                device: Device = core.owner
-                try:
-                    reply: Reply = device.call(spec, args, buf)
-                except Exception as exc:
-                    call = steps.throw(exc)
-                else:
-                    call = steps.send(reply)
-        except StopIteration as stop:
-            return stop.value
-
     # -- arrays (the array core's; this front end only waits) -------------------------------
     def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Array:
         """A new, uninitialised array (one ASYNC alloc)."""
@@ -308,7 +284,7 @@ class Device:
         """A copy on this device of ``array``, which is on another one: proxy to proxy where
         this device's proxy can reach the other's (the data never comes to this process),
         else through this process. ``last_copy`` says which way the last one went."""
-        out, self.last_copy = self._drive_steps(array._core.to_device(array, self.core))
+        out, self.last_copy = drive_now(array._core.to_device(array, self.core), _call)
         return out
 
     def launch(
@@ -325,7 +301,7 @@ class Device:
         self, name: str, arrays: Sequence[Array], params: dict[str, Any], n_out: int
     ) -> list[Array]:
         """Run op ``xp.name``, whose output shapes depend on the data (SYNC)."""
-        outs: list[Array] = self._drive_steps(self.core.dynamic(name, arrays, params, n_out))
+        outs: list[Array] = drive_now(self.core.dynamic(name, arrays, params, n_out), _call)
         return outs
 
     def fetch(self, array: Array) -> np.ndarray[Any, Any]:
@@ -393,6 +369,13 @@ class Device:
     def __repr__(self) -> str:
         state = "closed" if self.closed else self.backend
         return f"<gpuremote.xp.Device {self.url} ({state})>"
+
+
+def _call(request: Call) -> Reply:
+    """A call of an array core procedure, made on its device (``drive_now``)."""
+    core, spec, _, args, buf = request
+    device: Device = core.owner
+    return device.call(spec, args, buf)
 
 
 _DEFAULT: Device | None = None
