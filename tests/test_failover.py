@@ -256,7 +256,7 @@ async def test_the_journal_bound_takes_a_checkpoint(local: _Local) -> None:
                 gpu.axpy(1.0, w, w) if i % 2 else gpu.launch("negative", [w], [w])
             await gpu.synchronize()
             await asyncio.sleep(0.002)  # a checkpoint's copies go on meanwhile
-            longest = max(longest, len(session._journal))
+            longest = max(longest, len(session.ledger.journal))
         assert gpu.stats()["checkpoints"] >= 3  # the interval (an hour) did not take them
         assert longest < 600  # 3,000 calls went by: checkpoints cut the journal
 
@@ -309,7 +309,7 @@ def test_a_proxy_that_stops_answering_is_left_after_call_timeout_s(tmp_path: Any
                     await gpu.synchronize()
                 session = gpu.session
                 assert isinstance(session, FailoverSession)
-                while session._ckpt_task is not None or not gpu.stats()["checkpoints"]:
+                while session.checkpoints.task is not None or not gpu.stats()["checkpoints"]:
                     await asyncio.sleep(0.01)
                 os.kill(pa.pid, signal.SIGSTOP)
                 try:

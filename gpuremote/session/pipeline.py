@@ -85,6 +85,57 @@ def _check_sendable(value: Any, spec: CallSpec, depth: int = 0) -> None:
     )
 
 
+def _check_values(spec: CallSpec, args: list[Any]) -> None:
+    """Raise, naming the call, for a value of the caller's that the wire cannot carry."""
+    for i in spec.value_args:
+        a = args[i]
+        t = type(a)
+        if t is dict:  # a launch's params: mostly floats and small ints, checked inline
+            for v in a.values():
+                tv = type(v)
+                if not (
+                    tv is float
+                    or tv is str
+                    or tv is bool
+                    or (tv is int and WIRE_INT_MIN <= v <= WIRE_INT_MAX)
+                ):
+                    _check_sendable(a, spec)
+                    break
+        elif t is not int or not WIRE_INT_MIN <= a <= WIRE_INT_MAX:
+            if spec.args[i].kind is Arg.KERNEL_ARGS:  # ["a", array] entries: not values
+                a = [k[2:] for k in a if k[:1] != ["a"]]
+            _check_sendable(a, spec)
+
+
+class _Batch:
+    """The next frame being built: its commands ``[seq, opcode, stream, args, ack]``, its
+    out-of-band buffers (and their bytes), its table of array descriptors (each sent and
+    checked once per frame), and when its first command came."""
+
+    __slots__ = ("arrays", "buffers", "commands", "index", "nbytes", "started")
+
+    def __init__(self) -> None:
+        self.commands: list[list[Any]] = []
+        self.buffers: list[memoryview] = []
+        self.nbytes = 0
+        self.arrays: list[list[Any]] = []
+        self.index: dict[int, int] = {}  # id(array descriptor) -> its index in arrays
+        self.started = 0.0
+
+    def intern(self, wire: list[Any]) -> int:
+        """The index of array descriptor ``wire`` in the frame's table."""
+        key = id(wire)
+        index = self.index.get(key)
+        if index is None:
+            index = self.index[key] = len(self.arrays)
+            self.arrays.append(wire)  # kept alive until sent, so its id stays unique
+        return index
+
+    def encode(self, local_calls: int) -> Frame:
+        """The request frame (``local_calls``: the client's count of LOCAL calls)."""
+        return _encode_request(self.commands, self.buffers, self.arrays, local_calls)
+
+
 class ClientSession:
     """Queues, batches and sends calls over ``conn``; matches replies; tracks errors."""
 
@@ -95,20 +146,14 @@ class ClientSession:
         self._loop = asyncio.get_running_loop()
         self._seq = 0
         self._handles = itertools.count(1)
-        self._queue: list[list[Any]] = []
-        self._qbufs: list[memoryview] = []
-        self._arrays: list[list[Any]] = []  # the next frame's array table
-        self._aindex: dict[int, int] = {}  # id(array descriptor) -> index in it
-        self._qbytes = 0
-        self._qstart = 0.0
+        self._batch = _Batch()  # the next frame
         self._flush_scheduled: asyncio.Handle | asyncio.TimerHandle | None = None
         self._pending: dict[int, asyncio.Future[Reply]] = {}
         #: handles to free with the next frame: appended from any thread (finalizers), taken
         #: on the loop; deque appends and pops are atomic, so no free is ever lost
         self._to_free: deque[int] = deque()
         self._free_bytes = 0  # about what the handles in _to_free hold (a flush trigger)
-        self._serial: deque[tuple[Frame, asyncio.Future[Reply]]] = deque()
-        self._serial_task: asyncio.Task[None] | None = None
+        self._one_by_one = _OneByOne(self)  # with async_calls off
         self._error: BaseException | None = None
         self._unsent: deque[LocalProtocolError] = deque()  # ASYNC calls that were not sent
         self._closing = False
@@ -150,33 +195,18 @@ class ClientSession:
     def _command(
         self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None, ack: bool
     ) -> list[Any]:
-        for i in spec.value_args:
-            a = args[i]
-            t = type(a)
-            if t is dict:  # a launch's params: mostly floats and small ints, checked inline
-                for v in a.values():
-                    tv = type(v)
-                    if not (
-                        tv is float
-                        or tv is str
-                        or tv is bool
-                        or (tv is int and WIRE_INT_MIN <= v <= WIRE_INT_MAX)
-                    ):
-                        _check_sendable(a, spec)
-                        break
-            elif t is not int or not WIRE_INT_MIN <= a <= WIRE_INT_MAX:
-                if spec.args[i].kind is Arg.KERNEL_ARGS:  # ["a", array] entries: not values
-                    a = [k[2:] for k in a if k[:1] != ["a"]]
-                _check_sendable(a, spec)
+        if spec.value_args:
+            _check_values(spec, args)
         self._seq += 1
         seq = self._seq
+        batch = self._batch
         if buffer is not None:
-            args = [len(self._qbufs) if a is BUFFER else a for a in args]
-            self._qbufs.append(buffer)
-            self._qbytes += buffer.nbytes
+            args = [len(batch.buffers) if a is BUFFER else a for a in args]
+            batch.buffers.append(buffer)
+            batch.nbytes += buffer.nbytes
         positions = spec.array_args
         if positions:
-            intern = self._intern
+            intern = batch.intern
             for i, kind in positions:
                 a = args[i]
                 if kind is Arg.ARRAY:
@@ -186,15 +216,6 @@ class ClientSession:
                 else:
                     args[i] = [["a", intern(k[1])] if k[0] == "a" else k for k in a]
         return [seq, spec.opcode, stream, args, ack]
-
-    def _intern(self, wire: list[Any]) -> int:
-        """The index of array descriptor ``wire`` in the next frame's table."""
-        key = id(wire)
-        index = self._aindex.get(key)
-        if index is None:
-            index = self._aindex[key] = len(self._arrays)
-            self._arrays.append(wire)  # kept alive until sent, so its id stays unique
-        return index
 
     def submit(
         self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None = None
@@ -210,20 +231,21 @@ class ClientSession:
             self._queue_frees()
         if not self.config.async_calls:
             cmd = self._command(spec, stream, args, buffer, ack=True)
-            self._queue.append(cmd)
-            self._send_serial()
+            self._batch.commands.append(cmd)
+            self._one_by_one.send()
             return
-        if not self._queue:
-            self._qstart = time.perf_counter()
-        self._queue.append(self._command(spec, stream, args, buffer, ack=False))
+        batch = self._batch
+        if not batch.commands:
+            batch.started = time.perf_counter()
+        batch.commands.append(self._command(spec, stream, args, buffer, ack=False))
         cfg = self.config
         if (
             not cfg.batching
-            or len(self._queue) >= cfg.max_batch_calls
-            or self._qbytes >= cfg.max_batch_bytes
+            or len(batch.commands) >= cfg.max_batch_calls
+            or batch.nbytes >= cfg.max_batch_bytes
             or (
                 cfg.flush_delay_us
-                and (time.perf_counter() - self._qstart) * 1e6 >= cfg.flush_delay_us
+                and (time.perf_counter() - batch.started) * 1e6 >= cfg.flush_delay_us
             )
         ):
             self._flush_now()
@@ -261,12 +283,12 @@ class ClientSession:
         """Send ``cmd`` (after everything queued) now; the future of its reply."""
         fut: asyncio.Future[Reply] = self._loop.create_future()
         self._pending[cmd[0]] = fut
-        self._queue.append(cmd)
+        self._batch.commands.append(cmd)
         if self.config.async_calls:
             self._flush_now()
             self.counters.round_trips += 1
         else:
-            self._send_serial()
+            self._one_by_one.send()
         return fut
 
     def plain_wait(self) -> bool:
@@ -314,11 +336,11 @@ class ClientSession:
             await self.call(CALLS_BY_NAME["device_synchronize"], 0, [])
             return
         self.check_open()
-        if self._queue:
+        if self._batch.commands:
             if self.config.async_calls:
                 self._flush_now()
             else:
-                self._send_serial()
+                self._one_by_one.send()
         await self.conn.drain()
 
     def release(self, handle: int, nbytes: int = 0) -> None:
@@ -353,18 +375,16 @@ class ClientSession:
         while to_free:
             frees.append(to_free.popleft())
         if not self.config.async_calls:  # one round trip per call, as for every other call
-            for h in frees:
-                self.counters.calls["async"] += 1
-                self._queue.append(self._command(_FREE, 0, [h], None, ack=True))
-                self._send_serial()
+            self._one_by_one.frees(frees)
             return
+        commands, command = self._batch.commands, self._command
         for i in range(0, len(frees), _FREES_PER_COMMAND):
             self.counters.calls["async"] += 1
             chunk = frees[i : i + _FREES_PER_COMMAND]
             if len(chunk) == 1:
-                self._queue.append(self._command(_FREE, 0, chunk, None, ack=False))
+                commands.append(command(_FREE, 0, chunk, None, ack=False))
             else:
-                self._queue.append(self._command(_FREE_BUFFERS, 0, [chunk], None, ack=False))
+                commands.append(command(_FREE_BUFFERS, 0, [chunk], None, ack=False))
 
     # -- flushing --------------------------------------------------------------------------
     def _flush_callback(self) -> None:
@@ -373,7 +393,7 @@ class ClientSession:
             return
         if self._to_free:
             self._queue_frees()
-        if self._queue and self.config.async_calls:
+        if self._batch.commands and self.config.async_calls:
             self._flush_now()
 
     def _flush_now(self) -> None:
@@ -382,53 +402,51 @@ class ClientSession:
             self._flush_scheduled = None
         if self._to_free and self.config.async_calls:
             self._queue_frees()
-        if not self._queue:
+        batch = self._batch
+        if not batch.commands:
             return
         try:
-            frame = _encode_request(
-                self._queue, self._qbufs, self._arrays, self.counters.calls["local"]
-            )
+            frame = batch.encode(self.counters.calls["local"])
         except (OverflowError, TypeError, ValueError):
             self._drop_unsendable()  # a call the checks let through: it fails alone
-            if not self._queue:
-                self._reset_batch()
+            if not batch.commands:
+                self._batch = _Batch()
                 return
-            frame = _encode_request(
-                self._queue, self._qbufs, self._arrays, self.counters.calls["local"]
-            )
-        self._reset_batch()
+            frame = batch.encode(self.counters.calls["local"])
+        self._batch = _Batch()
         self._send(frame)
 
     def _drop_unsendable(self) -> None:
         """Take the calls that cannot be encoded out of the batch: a SYNC call raises at once,
         an ASYNC one at the next synchronising call (as a deferred error would)."""
         keep = []
-        for cmd in self._queue:
-            spec = CALLS_BY_OPCODE[cmd[1]]
+        for cmd in self._batch.commands:
             try:
                 check_encodable(cmd)
             except (OverflowError, TypeError, ValueError) as exc:
-                err = LocalProtocolError(
-                    f"call #{cmd[0]} {spec.name} was not sent: an argument cannot be encoded "
-                    f"({type(exc).__name__}: {exc})"
-                )
-                fut = self._pending.pop(cmd[0], None)
-                if fut is not None:
-                    fut.set_exception(err)
-                else:
-                    self._unsent.append(err)
+                self._not_sent(cmd, exc, self._pending.pop(cmd[0], None))
                 continue
-            if spec.sync and self._unsent:  # the next sync point: it raises instead of running
-                fut = self._pending.pop(cmd[0], None)
+            if CALLS_BY_OPCODE[cmd[1]].sync and self._unsent:  # the next sync point: it
+                fut = self._pending.pop(cmd[0], None)  # raises instead of running
                 if fut is not None:
                     fut.set_exception(self._unsent.popleft())
                     continue
             keep.append(cmd)
-        self._queue = keep
+        self._batch.commands = keep
 
-    def _reset_batch(self) -> None:
-        self._queue, self._qbufs, self._qbytes = [], [], 0
-        self._arrays, self._aindex = [], {}
+    def _not_sent(
+        self, cmd: list[Any], exc: Exception, awaited: asyncio.Future[Reply] | None
+    ) -> None:
+        """``cmd`` cannot be encoded (``exc``): it fails alone, at once if its caller waits
+        for it (``awaited``), else at the next synchronising call."""
+        err = LocalProtocolError(
+            f"call #{cmd[0]} {CALLS_BY_OPCODE[cmd[1]].name} was not sent: an argument cannot "
+            f"be encoded ({type(exc).__name__}: {exc})"
+        )
+        if awaited is not None:
+            awaited.set_exception(err)
+        else:
+            self._unsent.append(err)
 
     def _send(self, frame: Frame) -> None:
         try:
@@ -438,46 +456,6 @@ class ClientSession:
             raise
         self.counters.frames_sent += 1
         self.counters.bytes_sent += frame.nbytes
-
-    # -- async_calls off: one round trip per call, strictly in order -------------------------
-    def _send_serial(self) -> None:
-        # called after each single call is queued: the queue holds one command, and the
-        # buffers (if any) are that command's
-        for cmd in self._queue:
-            fut = self._pending.get(cmd[0])
-            awaited = fut is not None  # a SYNC call or an ack: its caller waits for it
-            if fut is None:
-                fut = self._pending[cmd[0]] = self._loop.create_future()
-            bufs = self._qbufs if len(self._queue) == 1 else []
-            arrays = self._arrays if len(self._queue) == 1 else []
-            try:
-                frame = _encode_request([cmd], bufs, arrays, self.counters.calls["local"])
-            except (OverflowError, TypeError, ValueError) as exc:  # this call fails alone
-                del self._pending[cmd[0]]
-                err = LocalProtocolError(
-                    f"call #{cmd[0]} {CALLS_BY_OPCODE[cmd[1]].name} was not sent: an argument "
-                    f"cannot be encoded ({type(exc).__name__}: {exc})"
-                )
-                if awaited:
-                    fut.set_exception(err)
-                else:  # raised at the next synchronising call
-                    self._unsent.append(err)
-                continue
-            self._serial.append((frame, fut))
-        self._reset_batch()
-        if self._serial_task is None or self._serial_task.done():
-            self._serial_task = self._loop.create_task(self._serial_sender())
-
-    async def _serial_sender(self) -> None:
-        while self._serial:
-            frame, fut = self._serial.popleft()
-            try:
-                self._send(frame)
-            except GpuRemoteError:
-                return
-            self.counters.round_trips += 1
-            with contextlib.suppress(BaseException):
-                await asyncio.shield(fut)
 
     # -- receiving -------------------------------------------------------------------------
     def _on_lost(self, exc: BaseException) -> None:
@@ -539,10 +517,9 @@ class ClientSession:
             with contextlib.suppress(GpuRemoteError):
                 if self._to_free:
                     self._queue_frees()
-                if self._queue and self.config.async_calls:
+                if self._batch.commands and self.config.async_calls:
                     self._flush_now()
-                if self._serial_task is not None:
-                    await self._serial_task
+                await self._one_by_one.sent()
                 await asyncio.wait_for(self.conn.drain(), 10)
         self._closing = True
         if self._flush_scheduled is not None:
@@ -550,3 +527,60 @@ class ClientSession:
         self.conn.close()
         if self._pending:
             self.fail(ConnectionClosed("the session was closed"))
+
+
+class _OneByOne:
+    """With ``async_calls`` off: each call in a frame of its own, sent once the one before it
+    is answered (one round trip per call, strictly in order)."""
+
+    def __init__(self, session: ClientSession) -> None:
+        self._session = session
+        self._frames: deque[tuple[Frame, asyncio.Future[Reply]]] = deque()
+        self._task: asyncio.Task[None] | None = None
+
+    def send(self) -> None:
+        """Send the call just queued (the queue holds that one command, and the buffers, if
+        any, are its), after those before it."""
+        s = self._session
+        batch, s._batch = s._batch, _Batch()
+        for cmd in batch.commands:
+            fut = s._pending.get(cmd[0])
+            awaited = fut is not None  # a SYNC call or an ack: its caller waits for it
+            if fut is None:
+                fut = s._pending[cmd[0]] = s._loop.create_future()
+            one = len(batch.commands) == 1
+            bufs, arrays = (batch.buffers, batch.arrays) if one else ([], [])
+            try:
+                frame = _encode_request([cmd], bufs, arrays, s.counters.calls["local"])
+            except (OverflowError, TypeError, ValueError) as exc:  # this call fails alone
+                del s._pending[cmd[0]]
+                s._not_sent(cmd, exc, fut if awaited else None)
+                continue
+            self._frames.append((frame, fut))
+        if self._task is None or self._task.done():
+            self._task = s._loop.create_task(self._sender())
+
+    async def _sender(self) -> None:
+        s = self._session
+        while self._frames:
+            frame, fut = self._frames.popleft()
+            try:
+                s._send(frame)
+            except GpuRemoteError:
+                return
+            s.counters.round_trips += 1
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(fut)
+
+    def frees(self, handles: list[int]) -> None:
+        """Free ``handles``, one call each."""
+        s = self._session
+        for h in handles:
+            s.counters.calls["async"] += 1
+            s._batch.commands.append(s._command(_FREE, 0, [h], None, ack=True))
+            self.send()
+
+    async def sent(self) -> None:
+        """Wait until every call handed to it is sent (and answered)."""
+        if self._task is not None:
+            await self._task
