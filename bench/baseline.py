@@ -170,7 +170,7 @@ async def echo_service(proxy: Any, url: str) -> EchoServers:
 
 
 async def _ucx_echo_server(local_only: bool) -> tuple[Any, int]:
-    from gpuremote.transports.ucx import RawUcx, raw_listen
+    from .ucx_channel import RawUcx, raw_listen
 
     def serve(ch: RawUcx) -> None:
         out = [np.zeros(1 << 20, np.uint8)]
@@ -210,7 +210,7 @@ class UcxxClient:
 
     @classmethod
     async def connect(cls, port: int, host: str = "127.0.0.1") -> UcxxClient:
-        from gpuremote.transports.ucx import raw_connect
+        from .ucx_channel import raw_connect
 
         return cls(await raw_connect(host, port))
 

@@ -149,7 +149,7 @@ async def _raw_attack(address: Address, rng: random.Random, counts: dict[str, in
 
 async def _raw_ucx_attack(address: Address, rng: random.Random, counts: dict[str, int]) -> None:
     """Raw messages on a ucx:// connection's tagged path, past gpuremote's own framing."""
-    from gpuremote.transports.ucx import raw_connect
+    from .ucx_channel import raw_connect
 
     try:
         raw = await raw_connect(address.host or "127.0.0.1", address.port or 0)

@@ -127,7 +127,7 @@ class UcxPeer(RawPeer):
 
     @classmethod
     async def open(cls, url: str) -> UcxPeer:
-        from gpuremote.transports.ucx import raw_connect
+        from gpuremote.bench.ucx_channel import raw_connect
 
         address = gpuremote.transports.Address.parse(url)
         return cls(await raw_connect(address.host, address.port or 0))

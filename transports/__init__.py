@@ -1,7 +1,10 @@
-"""Pluggable transports, chosen by URL scheme from a registry.
+"""Pluggable transports, chosen by URL scheme from a registry (``REGISTRY``).
 
-``tcp://host:port`` (asyncio, uvloop when installed) and ``inproc://name`` (same process, no
-sockets). Modules are imported only when their scheme is used, so that a transport whose
+``tcp://host:port`` (asyncio, uvloop when installed), ``tls://host:port`` (the same inside
+TLS), ``ucx://host:port`` (UCX: shared memory, RDMA, device memory; the ``[ucx]`` extra),
+``inproc://name`` (same process, no sockets), and ``emu+SCHEME://...`` (an emulated link of
+chosen latency and bandwidth around any of them). All implement the small interface of
+``base``. Modules are imported only when their scheme is used, so that a transport whose
 optional library is missing fails with a clear message naming the extra that installs it.
 """
 

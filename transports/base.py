@@ -17,10 +17,18 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from gpuremote.errors import ConfigError, ConnectionClosed
+from gpuremote.errors import ConfigError, ConnectionClosed, ProtocolError
 from gpuremote.wire.framing import Frame, FrameLimits
 
-__all__ = ["Address", "Connection", "ConnectionHandler", "FrameInbox", "Listener", "Transport"]
+__all__ = [
+    "Address",
+    "Connection",
+    "ConnectionHandler",
+    "FrameInbox",
+    "FramedConnection",
+    "Listener",
+    "Transport",
+]
 
 
 @dataclass(frozen=True)
@@ -167,6 +175,80 @@ class FrameInbox:
                 await self._waiter
             finally:
                 self._waiter = None
+
+
+class FramedConnection(Connection):
+    """What the transports' connections share: the frames received and not taken yet
+    (``recv``), the receiver they go to instead (``set_receiver``), and the one way a
+    connection ends: the first error is kept (``_fail``), the connection closes, and the
+    receiver's ``on_lost`` is told once (``_tell_lost``) with the error it ended by: a
+    protocol error, or the receiver's own, as it is; anything else as ``ConnectionClosed``
+    (``_closed_error``, in the transport's words)."""
+
+    def __init__(self) -> None:
+        self._inbox = FrameInbox()
+        self._receiver: Callable[[Frame], None] | None = None
+        self._on_lost: Callable[[BaseException], None] | None = None
+        self._receiver_error: BaseException | None = None  # the receiver's own fault
+        self._error: BaseException | None = None  # what ended the connection first
+        self._closed = False
+
+    @abc.abstractmethod
+    def _closed_error(self) -> ConnectionClosed:
+        """The connection is closed (as this transport says why)."""
+
+    def _end_error(self) -> BaseException:
+        """What the connection ended by, as its receiver is told and ``recv`` raises."""
+        error = self._error
+        if isinstance(error, ProtocolError) or (
+            error is not None and error is self._receiver_error
+        ):
+            return error
+        return self._closed_error()
+
+    def _fail(self, exc: BaseException) -> None:
+        """End the connection because of ``exc`` (the first error is the one kept)."""
+        if self._error is None:
+            self._error = exc
+        self.close()
+
+    def _hand_on(self, frame: Frame) -> bool:
+        """Give ``frame`` to the receiver; False if the receiver raised (the connection
+        then ends with that error)."""
+        receiver = self._receiver
+        if receiver is None:
+            self._inbox.put(frame)
+            return True
+        try:
+            receiver(frame)
+        except Exception as exc:
+            self._receiver_error = exc
+            self._fail(exc)
+            return False
+        return True
+
+    def _tell_lost(self) -> None:
+        """Tell the receiver, once, that the connection ended (and drop it: no cycle through
+        its owner)."""
+        self._receiver = None
+        on_lost, self._on_lost = self._on_lost, None
+        if on_lost is not None:
+            on_lost(self._end_error())
+
+    def set_receiver(
+        self, on_frame: Callable[[Frame], None], on_lost: Callable[[BaseException], None]
+    ) -> None:
+        self._receiver, self._on_lost = on_frame, on_lost
+        self._inbox.drain_to(on_frame)  # anything that arrived before
+        if self._closed:
+            self._tell_lost()
+
+    async def recv(self) -> Frame:
+        return await self._inbox.get(lambda: self._end_error() if self._closed else None)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
 
 class Listener(abc.ABC):

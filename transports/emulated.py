@@ -127,7 +127,6 @@ class _Pump:
         self._queues: list[deque[list[Any]]] = [deque(), deque()]
         self._fresh = [0, 0]  # items at each queue's end that no run has seen yet
         self._handle: asyncio.Handle | None = None
-        self.late_s = 0.0  # worst lateness seen (the emulator's own error)
         self.late_total_s = 0.0  # lateness of every frame released, added up
         #: lateness counted from when the pump could first run after the deadline: the
         #: emulator's own (its polling, the process losing its CPU), not other callbacks'
@@ -166,7 +165,6 @@ class _Pump:
             for q in self._queues:
                 while q and q[0][0] <= now:
                     deadline, action, _ = q.popleft()
-                    self.late_s = max(self.late_s, now - deadline)
                     self.late_total_s += now - deadline
                     self.late_own_s += now - max(deadline, self._runnable_at)
                     self.released += 1
@@ -292,11 +290,6 @@ class EmulatedConnection(Connection):
     @property
     def closed(self) -> bool:
         return self._inner.closed
-
-    @property
-    def timer_error_s(self) -> float:
-        """The latest any frame was released after its deadline (emulator accuracy)."""
-        return self._scheduler.late_s
 
     @property
     def late_total_s(self) -> float:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -27,22 +26,19 @@ import numpy as np
 from gpuremote.errors import ConnectionClosed
 from gpuremote.wire.framing import Frame, as_bytes_view, byte_view, encode_frame
 
-from .base import Address, Connection, ConnectionHandler, FrameInbox, Listener, Transport
+from .base import Address, Connection, ConnectionHandler, FramedConnection, Listener, Transport
 
 __all__ = ["InprocConnection", "InprocListener", "InprocTransport", "listener"]
 
 _LISTENERS: dict[str, InprocListener] = {}
 
 
-class InprocConnection(Connection):
+class InprocConnection(FramedConnection):
     def __init__(self, peer_name: str) -> None:
+        super().__init__()
         self.peer = peer_name
         self._peer: InprocConnection | None = None
-        self._inbox = FrameInbox()
-        self._closed = False
         self.limits: Any = None
-        self._receiver: Callable[[Frame], None] | None = None
-        self._on_lost: Callable[[BaseException], None] | None = None
         self.copy = True  # copy buffers on the way (else: read-only views)
         self.busy_s = 0.0  # time spent in the receiver, handling frames that arrived
         self.frames_in = 0
@@ -71,30 +67,17 @@ class InprocConnection(Connection):
             buffers = [as_bytes_view(x).toreadonly() for x in frame.buffers]
         self._peer._deliver(Frame(frame.meta, buffers))
 
-    def set_receiver(
-        self, on_frame: Callable[[Frame], None], on_lost: Callable[[BaseException], None]
-    ) -> None:
-        self._receiver, self._on_lost = on_frame, on_lost
-        self._inbox.drain_to(on_frame)
-        if self._closed:
-            self._lost()
-
     def _receive(self, frame: Frame) -> None:
         if self._receiver is None:
             return
         t0 = time.perf_counter()
-        try:
-            self._receiver(frame)
-        except Exception as exc:
-            self.close()
-            self._lost(exc)
+        if not self._hand_on(frame):
+            self._tell_lost()  # at once: the peer's end learns it at its next turn
         self.busy_s += time.perf_counter() - t0
         self.frames_in += 1
 
-    def _lost(self, exc: BaseException | None = None) -> None:
-        on_lost, self._on_lost = self._on_lost, None
-        if on_lost is not None:
-            on_lost(exc or ConnectionClosed(f"{self.peer}: connection closed"))
+    def _closed_error(self) -> ConnectionClosed:
+        return ConnectionClosed(f"{self.peer}: connection closed")
 
     def _deliver(self, frame: Frame) -> None:
         if self._receiver is not None:  # a hop through the loop, as over a wire: no reentrancy
@@ -106,11 +89,6 @@ class InprocConnection(Connection):
         if self._closed:
             raise ConnectionClosed(f"{self.peer}: connection is closed")
 
-    async def recv(self) -> Frame:
-        return await self._inbox.get(
-            lambda: ConnectionClosed(f"{self.peer}: connection closed") if self._closed else None
-        )
-
     def close(self) -> None:
         if self._closed:
             return
@@ -120,11 +98,7 @@ class InprocConnection(Connection):
                 end._closed = True
                 end._inbox.wake()
                 if end._on_lost is not None:
-                    asyncio.get_running_loop().call_soon(end._lost)
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
+                    asyncio.get_running_loop().call_soon(end._tell_lost)
 
 
 class InprocListener(Listener):

@@ -20,7 +20,7 @@ from typing import cast
 from gpuremote.errors import ConfigError, ConnectionClosed, ProtocolError
 from gpuremote.wire.framing import Frame, FrameDecoder, FrameLimits, default_allocate, encode_frame
 
-from .base import Address, Connection, ConnectionHandler, FrameInbox, Listener, Transport
+from .base import Address, Connection, ConnectionHandler, FramedConnection, Listener, Transport
 
 __all__ = ["TcpConnection", "TcpListener", "TcpTransport", "TlsTransport"]
 
@@ -65,7 +65,7 @@ class _Protocol(asyncio.BufferedProtocol):
         self.conn._wake_drainers(None)
 
 
-class TcpConnection(Connection):
+class TcpConnection(FramedConnection):
     """A connected TCP stream carrying frames."""
 
     def __init__(
@@ -76,6 +76,7 @@ class TcpConnection(Connection):
         allocate: Callable[[int], memoryview] | None = None,
         handshake: FrameLimits | None = None,
     ) -> None:
+        super().__init__()
         self._loop = asyncio.get_running_loop()
         self._limits = limits
         self._allocate = allocate or default_allocate
@@ -86,17 +87,11 @@ class TcpConnection(Connection):
             else FrameDecoder(limits, allocate=self._allocate)
         )
         self._transport: asyncio.Transport | None = None
-        self._inbox = FrameInbox()
         self._max_queued = max_queued_frames
         self._drainers: list[asyncio.Future[None]] = []
         self._write_paused = False
-        self._error: BaseException | None = None
-        self._closed = False
         self._paused = False  # by the user (pause_reading)
         self._throttled = False  # by a full recv queue
-        self._receiver: Callable[[Frame], None] | None = None
-        self._receiver_error: BaseException | None = None
-        self._on_lost: Callable[[BaseException], None] | None = None
 
     # -- asyncio callbacks -----------------------------------------------------------------
     def _made(self, base: asyncio.BaseTransport) -> None:
@@ -193,25 +188,16 @@ class TcpConnection(Connection):
         dec, receiver = self._decoder, self._receiver
         while receiver is not None and not self._paused:
             f = dec.next_frame()
-            if f is None:
-                return
-            try:
-                receiver(f)
-            except Exception as exc:
-                self._receiver_error = exc  # the receiver's own fault: on_lost gets it as is
-                self._fail(exc)
+            if f is None or not self._hand_on(f):
                 return
 
     def set_receiver(
         self, on_frame: Callable[[Frame], None], on_lost: Callable[[BaseException], None]
     ) -> None:
-        self._receiver, self._on_lost = on_frame, on_lost
-        self._inbox.drain_to(on_frame)  # anything that arrived before
+        super().set_receiver(on_frame, on_lost)
         if self._throttled:
             self._throttled = False
             self._update_reading()
-        if self._closed:
-            self._finish()
 
     def admit(self, reserve: Callable[[int], None] | None = None) -> None:
         self._decoder.set_limits(self._limits, self._allocate, reserve)
@@ -236,7 +222,7 @@ class TcpConnection(Connection):
             t.resume_reading()
 
     async def recv(self) -> Frame:
-        frame = await self._inbox.get(lambda: self._closed_error() if self._closed else None)
+        frame = await super().recv()
         if self._throttled and len(self._inbox) < self._max_queued // 2:
             self._throttled = False
             self._update_reading()
@@ -250,17 +236,8 @@ class TcpConnection(Connection):
             return f"connection to {self.peer} lost: {self._error}"
         return f"connection to {self.peer} is closed"
 
-    def _closed_error(self) -> BaseException:
-        if isinstance(self._error, ProtocolError) or (
-            self._error is not None and self._error is self._receiver_error
-        ):
-            return self._error
+    def _closed_error(self) -> ConnectionClosed:
         return ConnectionClosed(self._why())
-
-    def _fail(self, exc: BaseException) -> None:
-        if self._error is None:
-            self._error = exc
-        self.close()
 
     def close(self) -> None:
         if self._closed:
@@ -273,14 +250,7 @@ class TcpConnection(Connection):
     def _finish(self) -> None:
         self._inbox.wake()
         self._wake_drainers(ConnectionClosed(self._why()))
-        on_lost, self._on_lost = self._on_lost, None
-        self._receiver = None
-        if on_lost is not None:
-            on_lost(self._closed_error())
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
+        self._tell_lost()
 
 
 class TcpListener(Listener):

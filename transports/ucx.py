@@ -26,7 +26,7 @@ import struct
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from ucxx._lib import libucxx as ucx_api
@@ -37,18 +37,18 @@ from gpuremote.wire.auth import is_loopback
 from gpuremote.wire.framing import (
     DEVICE_DIRECT_MIN,
     HEADER,
-    MAGIC,
-    VERSION,
     Frame,
     FrameLimits,
     byte_view,
+    check_header,
+    check_lengths,
     encode_frame,
     is_device_buffer,
 )
 
-from .base import Address, Connection, ConnectionHandler, FrameInbox, Listener, Transport
+from .base import Address, Connection, ConnectionHandler, FramedConnection, Listener, Transport
 
-__all__ = ["RawUcx", "UcxConnection", "UcxListener", "UcxTransport", "raw_connect", "raw_listen"]
+__all__ = ["Driver", "Prober", "UcxConnection", "UcxListener", "UcxTransport", "get_driver"]
 
 Done = Callable[[BaseException | None], None]
 
@@ -62,7 +62,13 @@ DEAD_TAG_S = 5.0
 SWEEP_S = 0.1
 
 
-class _Driver:
+class Prober(Protocol):
+    """What waits for a message on its tag: probed again after each progress of the worker."""
+
+    def probe(self) -> None: ...
+
+
+class Driver:
     """The UCX worker of one event loop and its progress (see the module docstring)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, local_only: bool = False) -> None:
@@ -76,7 +82,7 @@ class _Driver:
         self.worker.init_blocking_progress_mode()
         self._pending: list[tuple[Any, Done, object]] = []
         #: connections waiting for a message on their tag (to be probed after progress)
-        self.probers: set[UcxConnection | RawUcx] = set()
+        self.probers: set[Prober] = set()
         self._scheduled = False
         self.in_progress = False  # inside the worker's progress (its callbacks run there)
         #: the tags of closed connections, and until when messages still sent to them are
@@ -115,7 +121,7 @@ class _Driver:
     def take_message(
         self,
         tag: Any,
-        prober: UcxConnection | RawUcx,
+        prober: Prober,
         owner: object,
         done: Callable[[BaseException | None, np.ndarray[Any, Any]], None],
         max_length: int | None = None,
@@ -174,7 +180,7 @@ class _Driver:
                 self._complete()
             if self.probers:
                 for conn in list(self.probers):
-                    conn._probe()
+                    conn.probe()
             if worker.arm():
                 return
         self.soon()
@@ -279,12 +285,14 @@ def ucx_config(local_only: bool) -> dict[str, str]:
 
 #: per event loop, its drivers: one for connections out and listeners on any address, one
 #: (``local_only``) for listeners on a loopback address
-_DRIVERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[bool, _Driver]] = (
+_DRIVERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[bool, Driver]] = (
     weakref.WeakKeyDictionary()
 )
 
 
-def _driver(local_only: bool = False) -> _Driver:
+def get_driver(local_only: bool = False) -> Driver:
+    """The driver of the running loop's UCX worker (``local_only``: the one whose UCX
+    transports stay on this host, for listeners on a loopback address), made on first use."""
     loop = asyncio.get_running_loop()
     drivers = _DRIVERS.get(loop)
     if drivers is None:
@@ -294,7 +302,7 @@ def _driver(local_only: bool = False) -> _Driver:
         drivers = _DRIVERS[loop] = {}
     driver = drivers.get(local_only)
     if driver is None:
-        driver = drivers[local_only] = _Driver(loop, local_only)
+        driver = drivers[local_only] = Driver(loop, local_only)
     return driver
 
 
@@ -302,6 +310,40 @@ def _driver(local_only: bool = False) -> _Driver:
 _HELLO = struct.Struct("<4sIQI")
 _HELLO_MAGIC = b"GRUX"
 _FAST = 1  # flag: this side wants worker-address endpoints
+
+
+async def exchange_hellos(conn: UcxConnection, fast: bool, timeout: float) -> None:
+    """The transport's own hello, on the listener's endpoint's stream: each side sends its
+    flags, the tag it receives on and (``fast``) its worker's address; where both want it,
+    the frames then go as tagged messages on an endpoint made from the peer's worker address
+    (what UCX reaches fastest: shared memory or CMA on one host, RDMA where there is some)."""
+    worker = conn.driver.worker
+    address = worker.address.tobytes() if fast else b""
+    tag = int.from_bytes(os.urandom(8), "little")
+    conn._stream_send(_HELLO.pack(_HELLO_MAGIC, _FAST if fast else 0, tag, len(address)))
+    if address:
+        conn._stream_send(address)
+    try:
+        raw = await asyncio.wait_for(conn._stream_recv(_HELLO.size), timeout)
+        magic, flags, peer_tag, n = _HELLO.unpack(raw.tobytes())
+        if magic != _HELLO_MAGIC or n > 1 << 16:
+            raise RemoteProtocolError("not a gpuremote ucx:// peer (bad hello)")
+        peer_address = (await asyncio.wait_for(conn._stream_recv(n), timeout)).tobytes()
+    except TimeoutError:
+        conn.close()
+        raise ConnectionClosed(f"{conn.peer}: no hello within {timeout} s") from None
+    except ProtocolError:
+        conn.close()
+        raise
+    if fast and flags & _FAST and peer_address:
+        try:
+            endpoint = ucx_api.UCXEndpoint.create_from_worker_address(
+                worker, ucx_api.UCXAddress.create_from_buffer(peer_address), False
+            )
+        except Exception as exc:
+            conn.close()
+            raise ConnectionClosed(f"{conn.peer}: cannot reach its worker: {exc}") from None
+        conn.use_worker_address(endpoint, tag, peer_tag)
 
 
 def _peer_closed(conn: weakref.ref[UcxConnection], *args: Any) -> None:
@@ -312,7 +354,7 @@ def _peer_closed(conn: weakref.ref[UcxConnection], *args: Any) -> None:
         alive._peer_closed()
 
 
-class UcxConnection(Connection):
+class UcxConnection(FramedConnection):
     """A UCX endpoint carrying frames.
 
     Made on the endpoint of UCX's listener (its tcp transport on most hosts), which stays open
@@ -322,7 +364,7 @@ class UcxConnection(Connection):
 
     def __init__(
         self,
-        driver: _Driver,
+        driver: Driver,
         endpoint: Any,
         limits: FrameLimits,
         peer: str,
@@ -330,6 +372,7 @@ class UcxConnection(Connection):
         device_allocate: Callable[[int], Any] | None = None,
         handshake: FrameLimits | None = None,
     ) -> None:
+        super().__init__()
         self._driver = driver
         self._device_allocate = device_allocate
         self._ep = endpoint
@@ -338,14 +381,8 @@ class UcxConnection(Connection):
         self._limits = handshake or limits
         self._admitted = handshake is None
         self._allocate = allocate
-        self._receiver_error: BaseException | None = None
         self._reserve: Callable[[int], None] | None = None
         self.peer = peer
-        self._inbox = FrameInbox()
-        self._receiver: Callable[[Frame], None] | None = None
-        self._on_lost: Callable[[BaseException], None] | None = None
-        self._closed = False
-        self._error: BaseException | None = None
         self._paused = False
         self._resume: Callable[[], None] | None = None  # the read to post when resumed
         self._sending = 0  # bytes handed to UCX and not yet sent
@@ -361,40 +398,33 @@ class UcxConnection(Connection):
         # make a cycle that only a full garbage collection frees
         endpoint.set_close_callback(functools.partial(_peer_closed, weakref.ref(self)))
 
-    # -- the hello -------------------------------------------------------------------------
+    # -- the hello and the tagged path -----------------------------------------------------
     async def hello(self, fast: bool, timeout: float = 10.0, start: bool = True) -> None:
-        """Exchange hellos with the peer; then frames flow (over the path both chose), from
-        ``start`` on."""
-        worker = self._driver.worker
-        address = worker.address.tobytes() if fast else b""
-        tag = int.from_bytes(os.urandom(8), "little")
-        self._stream_send(_HELLO.pack(_HELLO_MAGIC, _FAST if fast else 0, tag, len(address)))
-        if address:
-            self._stream_send(address)
-        try:
-            raw = await asyncio.wait_for(self._stream_recv(_HELLO.size), timeout)
-            magic, flags, peer_tag, n = _HELLO.unpack(raw.tobytes())
-            if magic != _HELLO_MAGIC or n > 1 << 16:
-                raise RemoteProtocolError("not a gpuremote ucx:// peer (bad hello)")
-            peer_address = (await asyncio.wait_for(self._stream_recv(n), timeout)).tobytes()
-        except TimeoutError:
-            self.close()
-            raise ConnectionClosed(f"{self.peer}: no hello within {timeout} s") from None
-        except ProtocolError:
-            self.close()
-            raise
-        if fast and flags & _FAST and peer_address:
-            try:
-                self._fast_ep = ucx_api.UCXEndpoint.create_from_worker_address(
-                    worker, ucx_api.UCXAddress.create_from_buffer(peer_address), False
-                )
-            except Exception as exc:
-                self.close()
-                raise ConnectionClosed(f"{self.peer}: cannot reach its worker: {exc}") from None
-            self._my_tag, self._peer_tag = ucx_api.UCXXTag(tag), ucx_api.UCXXTag(peer_tag)
-            self.path = "worker address"
+        """Exchange hellos with the peer (``exchange_hellos``); then frames flow (over the
+        path both chose), from ``start`` on."""
+        await exchange_hellos(self, fast, timeout)
         if start:
             self._read_header()
+
+    def use_worker_address(self, endpoint: Any, tag: int, peer_tag: int) -> None:
+        """Carry frames as tagged messages on ``endpoint`` (made from the peer's worker
+        address): received on ``tag``, sent to ``peer_tag``."""
+        self._fast_ep = endpoint
+        self._my_tag, self._peer_tag = ucx_api.UCXXTag(tag), ucx_api.UCXXTag(peer_tag)
+        self.path = "worker address"
+
+    @property
+    def driver(self) -> Driver:
+        """The progress driver of this connection's worker."""
+        return self._driver
+
+    @property
+    def tagged(self) -> tuple[Any, Any, Any] | None:
+        """The worker-address endpoint, the tag this side receives on and the peer's, once
+        the hello chose that path (a bench's bare baseline uses the same)."""
+        if self._fast_ep is None:
+            return None
+        return self._fast_ep, self._my_tag, self._peer_tag
 
     def _stream_send(self, data: bytes) -> None:
         view = memoryview(data)
@@ -416,7 +446,7 @@ class UcxConnection(Connection):
 
         self._read(nbytes, got)
         if self._closed:
-            raise self._why_exc()
+            raise self._closed_error()
         self._hello_wait = fut
         try:
             return await fut
@@ -461,11 +491,11 @@ class UcxConnection(Connection):
             self._resume = self._read_header
             return
         if self._fast_ep is not None:
-            self._probe()
+            self.probe()
         else:
             self._read(HEADER.size, self._got_header)
 
-    def _probe(self) -> None:
+    def probe(self) -> None:
         """Take the next message on this connection's tag, if one came (else the driver
         probes again after its next progress)."""
         driver = self._driver
@@ -486,29 +516,24 @@ class UcxConnection(Connection):
         driver.take_message(self._my_tag, self, self, done, self._max_message())
 
     def _check_header(self, head: bytes) -> tuple[int, int] | None:
-        magic, version, _flags, meta_len, nbufs = HEADER.unpack(head)
-        lim = self._limits
+        """The frame's metadata length and buffer count (framing's checks), or ``None``: the
+        connection ends."""
         try:
-            if magic != MAGIC or version != VERSION:
-                raise RemoteProtocolError(f"bad frame magic {magic!r}: not gpuremote")
-            if nbufs > lim.max_buffers or meta_len > lim.max_meta_bytes:
-                raise LimitExceeded(f"a frame of {nbufs} buffers and {meta_len} metadata bytes")
+            return check_header(head, 0, self._limits)
         except ProtocolError as exc:
             self._fail(exc)
             return None
-        return meta_len, nbufs
 
     def _check_lengths(self, meta_len: int, lengths: list[int]) -> bool:
-        total: int = sum(lengths)
-        if meta_len + total > self._limits.max_frame_bytes:
-            self._fail(LimitExceeded(f"frame of {meta_len + total} bytes"))
-            return False
-        if self._reserve is not None and total:
-            try:
+        """Whether a frame of these lengths may come (the limits, the session's memory);
+        else the connection ends."""
+        try:
+            total = check_lengths(meta_len, lengths, self._limits) - meta_len
+            if self._reserve is not None and total:
                 self._reserve(total)
-            except LimitExceeded as exc:
-                self._fail(exc)
-                return False
+        except LimitExceeded as exc:
+            self._fail(exc)
+            return False
         return True
 
     def _got_message(self, raw: np.ndarray[Any, Any]) -> None:
@@ -608,26 +633,7 @@ class UcxConnection(Connection):
         self._read(n, lambda buf: self._next_buffer(meta, lengths, [*got, byte_view(buf)]))
 
     def _deliver(self, frame: Frame) -> None:
-        receiver = self._receiver
-        if receiver is None:
-            self._inbox.put(frame)
-            return
-        try:
-            receiver(frame)
-        except Exception as exc:
-            self._receiver_error = exc  # the receiver's own fault: on_lost gets it as is
-            self._fail(exc)
-
-    def set_receiver(
-        self, on_frame: Callable[[Frame], None], on_lost: Callable[[BaseException], None]
-    ) -> None:
-        self._receiver, self._on_lost = on_frame, on_lost
-        self._inbox.drain_to(on_frame)
-        if self._closed:
-            self._finish()
-
-    async def recv(self) -> Frame:
-        return await self._inbox.get(lambda: self._why_exc() if self._closed else None)
+        self._hand_on(frame)
 
     def pause_reading(self) -> None:
         self._paused = True
@@ -641,7 +647,7 @@ class UcxConnection(Connection):
     # -- sending ---------------------------------------------------------------------------
     def send(self, frame: Frame) -> None:
         if self._closed:
-            raise self._why_exc()
+            raise self._closed_error()
         pieces = encode_frame(frame, self._limits)
         for piece in pieces:
             view: Any = piece
@@ -675,7 +681,7 @@ class UcxConnection(Connection):
             self._drainers.append(fut)
             await fut
         if self._closed:
-            raise self._why_exc()
+            raise self._closed_error()
 
     def _wake_drainers(self) -> None:
         drainers, self._drainers = self._drainers, []
@@ -698,13 +704,8 @@ class UcxConnection(Connection):
         lost = ConnectionClosed(f"connection closed by {self.peer}")
         self._driver.loop.call_soon(self._fail, lost)
 
-    def _why_exc(self) -> ConnectionClosed:
+    def _closed_error(self) -> ConnectionClosed:
         return ConnectionClosed(f"{self.peer}: {self._error or 'connection closed'}")
-
-    def _fail(self, exc: BaseException) -> None:
-        if self._error is None:
-            self._error = exc
-        self.close()
 
     def close(self) -> None:
         if self._closed:
@@ -719,7 +720,7 @@ class UcxConnection(Connection):
         self._driver.probers.discard(self)
         waiting = self._hello_wait
         if waiting is not None and not waiting.done():
-            waiting.set_exception(self._why_exc())
+            waiting.set_exception(self._closed_error())
         self._wake_drainers()
         self._inbox.wake()
         self._finish()
@@ -746,20 +747,8 @@ class UcxConnection(Connection):
         self._dead_eps = (ep, fast)  # UCX's objects go only with the connection
 
     def _finish(self) -> None:
-        self._receiver = self._reserve = None  # no cycle through the receiver's owner
-        on_lost, self._on_lost = self._on_lost, None
-        if on_lost is not None:
-            error = self._error
-            if isinstance(error, ProtocolError) or (
-                error is not None and error is self._receiver_error
-            ):
-                on_lost(error)
-            else:
-                on_lost(self._why_exc())
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
+        self._reserve = None  # no cycle through the receiver's owner
+        self._tell_lost()
 
 
 class UcxListener(Listener):
@@ -795,7 +784,7 @@ class UcxTransport(Transport):
         return str(value).lower() not in ("0", "false", "no", "off")
 
     async def connect(self, address: Address) -> Connection:
-        driver = _driver()
+        driver = get_driver()
         host = address.host or "127.0.0.1"
         try:
             ep = ucx_api.UCXEndpoint.create(driver.worker, host, address.port or 0, True)
@@ -808,7 +797,7 @@ class UcxTransport(Transport):
 
     async def listen(self, address: Address, handler: ConnectionHandler) -> Listener:
         host = address.host or "127.0.0.1"
-        driver = _driver(local_only=is_loopback(host))
+        driver = get_driver(local_only=is_loopback(host))
         tasks: set[asyncio.Future[None]] = set()
         holder: list[Any] = []
         fast = self._fast(address)
@@ -842,100 +831,3 @@ class UcxTransport(Transport):
             raise ConnectionClosed(f"cannot listen on {address.url()}: {exc}") from None
         holder.append(listener)
         return UcxListener(listener, Address(self.scheme, host, listener.port).url(), holder)
-
-
-class RawUcx:
-    """A bare tagged channel on a worker-address endpoint, with no framing: what the bench
-    measures gpuremote's ucx:// against (the same driver, the same endpoints)."""
-
-    def __init__(self, conn: UcxConnection) -> None:
-        if conn._fast_ep is None:
-            raise ConnectionClosed(f"{conn.peer}: no worker-address endpoint")
-        self._conn = conn
-        self._driver = conn._driver
-        self._then: Callable[[np.ndarray[Any, Any]], None] | None = None
-
-    def send(self, view: memoryview, done: Done) -> None:
-        """Send ``view`` as one message; ``done(exc or None)`` when sent."""
-        conn = self._conn
-        keep = conn._keep
-        keep[id(view)] = view
-
-        def sent(exc: BaseException | None, key: int = id(view)) -> None:
-            keep.pop(key, None)
-            done(exc)
-
-        self._driver.track(conn._fast_ep.tag_send(UcxArray(view), conn._peer_tag), sent, conn)
-
-    def recv(self, buf: np.ndarray[Any, Any], done: Done) -> None:
-        """Receive the next message, of exactly ``buf``'s size, into ``buf``."""
-        conn = self._conn
-
-        def got(exc: BaseException | None, buf: np.ndarray[Any, Any] = buf) -> None:
-            done(exc)  # ``buf`` lives here until then: UCX writes into it meanwhile
-
-        self._driver.track(conn._fast_ep.tag_recv(UcxArray(buf), conn._my_tag), got, conn)
-
-    def next_message(self, then: Callable[[np.ndarray[Any, Any]], None]) -> None:
-        """``then(message)`` with the next message, whatever its size."""
-        self._then = then
-        self._probe()
-
-    def _probe(self) -> None:
-        then, driver, conn = self._then, self._driver, self._conn
-        if then is None or conn.closed:
-            driver.probers.discard(self)
-            return
-
-        def done(exc: BaseException | None, buf: np.ndarray[Any, Any]) -> None:
-            if exc is None:
-                then(buf)
-
-        self._then = None  # before: ``done`` may run at once, and ask for the next one
-        if not driver.take_message(conn._my_tag, self, conn, done):
-            self._then = then
-
-    @property
-    def closed(self) -> bool:
-        return self._conn.closed
-
-    def close(self) -> None:
-        self._driver.probers.discard(self)
-        self._conn.close()
-
-
-async def raw_connect(host: str, port: int) -> RawUcx:
-    """A ``RawUcx`` channel to a ``raw_listen`` server."""
-    driver = _driver()
-    ep = ucx_api.UCXEndpoint.create(driver.worker, host, port, True)
-    driver.soon()
-    conn = UcxConnection(driver, ep, FrameLimits(), f"{host}:{port}")
-    await conn.hello(True, start=False)
-    return RawUcx(conn)
-
-
-async def raw_listen(
-    on_channel: Callable[[RawUcx], None], local_only: bool = False
-) -> tuple[Any, int]:
-    """Accept ``RawUcx`` channels on a free port; returns (the listener, keep it, its port).
-    ``local_only``: on the driver of listeners on a loopback address (UCX's transports on the
-    host only), as the proxy's own listener there."""
-    driver = _driver(local_only)
-    holder: list[Any] = []
-
-    async def serve(conn: UcxConnection) -> None:
-        with contextlib.suppress(ConnectionClosed, ProtocolError):
-            await conn.hello(True, start=False)
-            on_channel(RawUcx(conn))
-
-    def accept(conn_request: Any) -> None:
-        ep = holder[0].create_endpoint_from_conn_request(conn_request, True)
-        task = asyncio.ensure_future(serve(UcxConnection(driver, ep, FrameLimits(), "raw")))
-        holder.append(task)
-
-    def on_request(conn_request: Any, *args: Any) -> None:
-        driver.loop.call_soon(accept, conn_request)
-
-    listener = ucx_api.UCXListener.create(driver.worker, 0, on_request)
-    holder.insert(0, listener)
-    return listener, listener.port

@@ -1,4 +1,9 @@
-"""The small interface every backend implements (allocations, copies, streams, events, ops)."""
+"""What a backend implements, in two parts: ``Backend``, the device (memory, copies, ops,
+streams and events, user kernels; what the executor runs calls on), and ``ReceivedMemory``,
+where a transport's received buffers meet the device's memory (pinned host memory, device
+memory a transport fills itself, buffers adopted with no copy), with defaults for a backend
+that has no memory of its own (NumPy). A simulated device also reports its own time and the
+calls it checks (``timing``, ``note_call``)."""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ from typing import Any, TypedDict
 
 import numpy as np
 
-__all__ = ["Backend", "BackendError", "DeviceInfo", "buffer_owner"]
+__all__ = ["Backend", "BackendError", "DeviceInfo", "ReceivedMemory", "buffer_owner"]
 
 
 def buffer_owner(obj: Any) -> Any:
@@ -42,7 +47,38 @@ class DeviceInfo(TypedDict):
     note: str
 
 
-class Backend(abc.ABC):
+class ReceivedMemory:
+    """Where a transport's received buffers meet a backend's memory (the defaults: ordinary
+    host memory, no device memory of its own)."""
+
+    name: str
+
+    def host_allocator(self) -> Callable[[int], memoryview] | None:
+        """Where the transport should receive buffers (pinned host memory on a GPU, so
+        that uploads go on to the device by DMA); None: ordinary memory."""
+        return None
+
+    def device_allocator(self) -> Callable[[int], Any] | None:
+        """Where a transport that moves device memory itself (ucx://) may receive large
+        buffers: a function giving a new flat ``uint8`` device array (None when out of
+        memory); None: this backend has no device memory of its own (NumPy)."""
+        return None
+
+    def is_device(self, buf: Any) -> bool:
+        """Whether ``buf`` (a received buffer) is in this backend's device memory."""
+        return False
+
+    def device_copy_out(self, src: Any, stream: Any) -> Any:
+        """A flat ``uint8`` device copy of device array ``src``, complete (after earlier work
+        on ``stream``) when this returns: a reply buffer that a transport moves itself."""
+        raise BackendError(f"the {self.name} backend has no device memory")
+
+    def adopt_host(self, host: np.ndarray[Any, Any]) -> Any | None:
+        """Return ``host`` itself as a device buffer if this backend can, else ``None``."""
+        return None
+
+
+class Backend(ReceivedMemory, abc.ABC):
     """Device memory, copies, streams, events and op execution for one array library.
 
     Buffers are flat ``uint8`` arrays of ``xp``; arrays are views into them. Streams and events
@@ -77,13 +113,13 @@ class Backend(abc.ABC):
         stream), usable at once by work on any stream; raises ``BackendError`` when out of
         memory."""
 
-    def free(self, bufs: Sequence[Any], streams: Sequence[Any]) -> None:  # noqa: B027
+    def free(self, bufs: Sequence[Any], streams: Sequence[Any]) -> None:
         """Give ``bufs`` back, in stream order: their memory is not reused before the work
         queued so far on every one of ``streams`` (the session's) has run. Returns at once.
         Dropping a buffer without this gives its memory back at once on a GPU, while queued
         work may still use it. (NumPy: the buffers are garbage when the last use lets go.)"""
 
-    def note_call(self, seq: int, call: str, op: str | None, session: int, stream: int) -> None:  # noqa: B027
+    def note_call(self, seq: int, call: str, op: str | None, session: int, stream: int) -> None:
         """The call about to run, where ``checks`` is set: named in the backend's reports."""
 
     def view(self, buf: Any, offset: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
@@ -100,30 +136,6 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def to_host(self, src: Any, stream: Any) -> np.ndarray[Any, Any]:
         """A host copy of device array ``src``, after earlier work on ``stream``."""
-
-    def host_allocator(self) -> Callable[[int], memoryview] | None:
-        """Where the transport should receive buffers (pinned host memory on a GPU, so
-        that uploads go on to the device by DMA); None: ordinary memory."""
-        return None
-
-    def device_allocator(self) -> Callable[[int], Any] | None:
-        """Where a transport that moves device memory itself (ucx://) may receive large
-        buffers: a function giving a new flat ``uint8`` device array (None when out of
-        memory); None: this backend has no device memory of its own (NumPy)."""
-        return None
-
-    def is_device(self, buf: Any) -> bool:
-        """Whether ``buf`` (a received buffer) is in this backend's device memory."""
-        return False
-
-    def device_copy_out(self, src: Any, stream: Any) -> Any:
-        """A flat ``uint8`` device copy of device array ``src``, complete (after earlier work
-        on ``stream``) when this returns: a reply buffer that a transport moves itself."""
-        raise BackendError(f"the {self.name} backend has no device memory")
-
-    def adopt_host(self, host: np.ndarray[Any, Any]) -> Any | None:
-        """Return ``host`` itself as a device buffer if this backend can, else ``None``."""
-        return None
 
     @abc.abstractmethod
     def copy(self, dst: Any, src: Any, stream: Any) -> None: ...
@@ -158,7 +170,7 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def create_stream(self) -> Any: ...
 
-    def destroy_stream(self, stream: Any) -> None:  # noqa: B027 - optional hook
+    def destroy_stream(self, stream: Any) -> None:
         """Release a stream (after its work is done)."""
 
     @abc.abstractmethod

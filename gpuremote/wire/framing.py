@@ -40,6 +40,8 @@ __all__ = [
     "FrameLimits",
     "as_bytes_view",
     "byte_view",
+    "check_header",
+    "check_lengths",
     "encode_frame",
     "is_device_buffer",
 ]
@@ -144,6 +146,37 @@ def default_allocate(nbytes: int) -> memoryview:
 
 # decoder states
 _HEADER, _LENGTHS, _META, _BUFFER, _ERROR = range(5)
+
+
+def check_header(data: Any, offset: int, limits: FrameLimits) -> tuple[int, int]:
+    """The metadata length and number of buffers of the frame header at ``offset`` in
+    ``data``: ``RemoteProtocolError`` if it is not a frame of this version,
+    ``LimitExceeded`` past ``limits``."""
+    magic, version, _flags, meta_len, nbufs = HEADER.unpack_from(data, offset)
+    if magic != MAGIC:
+        raise RemoteProtocolError(f"bad frame magic {bytes(magic)!r}: not gpuremote")
+    if version != VERSION:
+        raise RemoteProtocolError(f"frame version {version}; this side speaks version {VERSION}")
+    if meta_len > limits.max_meta_bytes:
+        raise LimitExceeded(
+            f"incoming frame metadata of {meta_len} bytes exceeds the limit {limits.max_meta_bytes}"
+        )
+    if nbufs > limits.max_buffers:
+        raise LimitExceeded(
+            f"incoming frame with {nbufs} buffers exceeds the limit {limits.max_buffers}"
+        )
+    return meta_len, nbufs
+
+
+def check_lengths(meta_len: int, lengths: Sequence[int], limits: FrameLimits) -> int:
+    """The bytes of a frame whose metadata and buffers have these lengths: ``LimitExceeded``
+    past ``limits``."""
+    total = meta_len + sum(lengths)
+    if total > limits.max_frame_bytes:
+        raise LimitExceeded(
+            f"incoming frame of {total} bytes exceeds the limit {limits.max_frame_bytes}"
+        )
+    return total
 
 
 class FrameDecoder:
@@ -350,24 +383,8 @@ class FrameDecoder:
                     continue
                 if avail < HEADER.size:
                     return
-                magic, version, _flags, meta_len, nbufs = HEADER.unpack_from(view, self._start)
+                meta_len, nbufs = check_header(view, self._start, self._limits)
                 self._start += HEADER.size
-                if magic != MAGIC:
-                    raise RemoteProtocolError(f"bad frame magic {bytes(magic)!r}: not gpuremote")
-                if version != VERSION:
-                    raise RemoteProtocolError(
-                        f"frame version {version}; this side speaks version {VERSION}"
-                    )
-                lim = self._limits
-                if meta_len > lim.max_meta_bytes:
-                    raise LimitExceeded(
-                        f"incoming frame metadata of {meta_len} bytes exceeds the limit "
-                        f"{lim.max_meta_bytes}"
-                    )
-                if nbufs > lim.max_buffers:
-                    raise LimitExceeded(
-                        f"incoming frame with {nbufs} buffers exceeds the limit {lim.max_buffers}"
-                    )
                 self._meta_len, self._nbufs = meta_len, nbufs
                 self._lengths = []
                 self._buffers = []
@@ -378,12 +395,7 @@ class FrameDecoder:
                     return
                 lengths = list(_lengths(self._nbufs).unpack_from(view, self._start))
                 self._start += need
-                total = self._meta_len + sum(lengths)
-                if total > self._limits.max_frame_bytes:
-                    raise LimitExceeded(
-                        f"incoming frame of {total} bytes exceeds the limit "
-                        f"{self._limits.max_frame_bytes}"
-                    )
+                total = check_lengths(self._meta_len, lengths, self._limits)
                 if self._reserve is not None and lengths:
                     self._reserve(total - self._meta_len)
                 self._lengths = lengths

@@ -19,8 +19,9 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ...errors import (
     GpuRemoteError,
@@ -33,13 +34,11 @@ from ...errors import (
 from ...wire.calls import CALLS_BY_NAME
 from ...wire.limits import MAX_TICKETS_PER_SESSION
 from ..pipeline import ClientSession
-from .ledger import Snapshot, Source
-from .standby import RETRY_S
+from .config import FailoverConfig, FailoverCounters
+from .ledger import Ledger, Snapshot, Source
+from .standby import RETRY_S, Standby
 
-if TYPE_CHECKING:
-    from .session import FailoverSession
-
-__all__ = ["Checkpoints", "quiet", "u8"]
+__all__ = ["Checkpoints", "Owner", "quiet", "u8"]
 
 log = logging.getLogger("gpuremote.failover")
 
@@ -59,10 +58,29 @@ def quiet(fut: asyncio.Future[Any]) -> None:
         fut.exception()
 
 
+class Owner(Protocol):
+    """What the checkpoints need of their failover session."""
+
+    inner: ClientSession | None
+    moving: ClientSession | None
+    closing: bool
+    recovery: asyncio.Task[None] | None
+    epoch: int
+    failover: FailoverConfig
+    counters: FailoverCounters
+    ledger: Ledger
+    standby: Standby
+    stash: deque[BaseException]
+
+    def taken(self, error: RemoteCallError, at: int) -> None: ...
+    def copy_handle(self) -> int: ...
+    def flush_released(self, scheduled: bool = False) -> None: ...
+
+
 class Checkpoints:
     """The checkpoints of ``owner`` (see the module docstring): at most one under way."""
 
-    def __init__(self, owner: FailoverSession) -> None:
+    def __init__(self, owner: Owner) -> None:
         self._owner = owner
         self.task: asyncio.Task[None] | None = None
         self.last = time.monotonic()  # when the last one ended
@@ -122,7 +140,7 @@ class _Checkpoint:
     def __init__(
         self,
         checkpoints: Checkpoints,
-        owner: FailoverSession,
+        owner: Owner,
         epoch: int,
         inner: ClientSession,
         standby: ClientSession | None,

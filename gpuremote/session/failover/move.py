@@ -13,8 +13,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections import deque
+from typing import Any, Protocol
 
+from ...config import PipelineConfig
 from ...errors import (
     ConnectionClosed,
     FailoverError,
@@ -24,18 +26,44 @@ from ...errors import (
 )
 from ...wire.calls import BUFFER, CALLS_BY_NAME
 from ..pipeline import ClientSession
-from .checkpoint import quiet, u8
-from .ledger import SIZED_BY_ANSWER, WRITES_FROM_ELSEWHERE, Answered, unpack
+from .checkpoint import Checkpoints, quiet, u8
+from .config import FailoverConfig, FailoverCounters, Targets
+from .ledger import SIZED_BY_ANSWER, WRITES_FROM_ELSEWHERE, Answered, Ledger, unpack
+from .standby import Standby
 
-if TYPE_CHECKING:
-    from .session import FailoverSession
-
-__all__ = ["Move"]
+__all__ = ["Move", "Owner"]
 
 log = logging.getLogger("gpuremote.failover")
 
 _C = CALLS_BY_NAME
 _ALLOC, _H2D, _D2D, _SYNC = _C["alloc"], _C["copy_h2d"], _C["copy_d2d"], _C["device_synchronize"]
+
+
+class Owner(Protocol):
+    """What a move needs of its failover session."""
+
+    inner: ClientSession | None
+    moving: ClientSession | None
+    url: str
+    epoch: int
+    dead: set[str]
+    error: BaseException | None
+    recovery: asyncio.Task[None] | None
+    moves: list[dict[str, Any]]
+    config: PipelineConfig
+    failover: FailoverConfig
+    counters: FailoverCounters
+    targets: Targets
+    ledger: Ledger
+    standby: Standby
+    checkpoints: Checkpoints
+    stash: deque[BaseException]
+
+    async def open(self, url: str, extra: dict[str, Any]) -> tuple[ClientSession, Any]: ...
+    def hook(self, session: ClientSession) -> None: ...
+    def taken(self, error: RemoteCallError, at: int) -> None: ...
+    def outer(self, entry: Answered) -> asyncio.Future[Any]: ...
+    def chain(self, entry: Answered, fut: asyncio.Future[Any]) -> None: ...
 
 
 class Move:
@@ -44,7 +72,7 @@ class Move:
     checkpoint's copies were there), and the seconds spent reconnecting, restoring and
     re-issuing the journal."""
 
-    def __init__(self, owner: FailoverSession, lost: ClientSession, cause: BaseException) -> None:
+    def __init__(self, owner: Owner, lost: ClientSession, cause: BaseException) -> None:
         self._owner = owner
         self._lost = lost
         self.record: dict[str, Any] = {

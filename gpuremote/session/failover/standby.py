@@ -8,15 +8,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from ...errors import GpuRemoteError
 from ..pipeline import ClientSession
+from .config import Targets
+from .ledger import Ledger
 
-if TYPE_CHECKING:
-    from .session import FailoverSession
-
-__all__ = ["Standby"]
+__all__ = ["Owner", "Standby"]
 
 log = logging.getLogger("gpuremote.failover")
 
@@ -26,12 +25,26 @@ COPY_HANDLES = 1 << 62
 RETRY_S = 1.0
 
 
+class Owner(Protocol):
+    """What the standby needs of its failover session."""
+
+    inner: ClientSession | None
+    closing: bool
+    dead: set[str]
+    targets: Targets
+    ledger: Ledger
+
+    async def open(self, url: str, extra: dict[str, Any]) -> tuple[ClientSession, Any]: ...
+    def hook(self, session: ClientSession) -> None: ...
+    def copy_handle(self) -> int: ...
+
+
 class Standby:
     """The standby session of ``owner``, when one can be had (see the module docstring):
     looked for on a proxy other than the session's own and the lost ones, let go when it is
     lost or cannot do its job, and taken over by a move."""
 
-    def __init__(self, owner: FailoverSession) -> None:
+    def __init__(self, owner: Owner) -> None:
         self._owner = owner
         self.session: ClientSession | None = None
         self.url = ""
