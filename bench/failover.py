@@ -29,6 +29,8 @@ __all__ = ["FailoverBenchConfig", "run_failover"]
 
 @dataclass
 class FailoverBenchConfig:
+    """``bench failover`` (see the module docstring)."""
+
     address: str | None = None  # a Ray cluster's; None: a local instance started here
     steps: int = 400
     kills: tuple[int, ...] = (200, 300)
@@ -91,15 +93,32 @@ async def run_failover(
     on: dict[str, Any] = {"failover": True}
     if cfg.checkpoint_interval_s is not None:
         on["checkpoint_interval_s"] = cfg.checkpoint_interval_s
-    data = mlp_data()
+    training = _Training(pool.url, mlp_data(), on)
     try:
-        overhead = await _overhead(cfg, pool.url, data, on, report)
-        failovers = await _failovers(cfg, pool, data, on, report)
+        overhead = await _overhead(cfg, training, report)
+        failovers = await _failovers(cfg, pool, training, report)
         return _result(cfg, on, overhead, failovers)
     finally:
         pool.stop()
         if started_ray:
             ray.shutdown()
+
+
+@dataclass(frozen=True)
+class _Training:
+    """What every run of the bench trains: the demo's MLP on ``data`` over the pool at
+    ``url``, with failover (the session options ``failover``) or without."""
+
+    url: str
+    data: dict[str, np.ndarray[Any, Any]]
+    failover: dict[str, Any]
+
+    async def run(
+        self, steps: int, failover: bool, before_step: Callable[[int, Any], None] | None = None
+    ) -> tuple[list[float], list[np.ndarray[Any, Any]], float, dict[str, Any], list[Any]]:
+        """``_train`` for ``steps`` steps, with failover or without."""
+        options = self.failover if failover else {}
+        return await _train(self.url, self.data, steps, options, before_step)
 
 
 class _Overhead(NamedTuple):
@@ -113,11 +132,7 @@ class _Overhead(NamedTuple):
 
 
 async def _overhead(
-    cfg: FailoverBenchConfig,
-    url: str,
-    data: dict[str, np.ndarray[Any, Any]],
-    on: dict[str, Any],
-    report: Callable[[dict[str, Any]], None],
+    cfg: FailoverBenchConfig, training: _Training, report: Callable[[dict[str, Any]], None]
 ) -> _Overhead:
     """The overhead: interleaved runs with and without failover, no proxy lost."""
     rates: dict[str, list[float]] = {"off": [], "on": []}
@@ -126,9 +141,7 @@ async def _overhead(
     for r in range(cfg.rounds):
         for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):  # A B B A: drift cancels
             report({"phase": "overhead", "round": r + 1, "mode": mode})
-            *_, seconds, stats, _ = await _train(
-                url, data, cfg.timed_steps, on if mode == "on" else {}
-            )
+            *_, seconds, stats, _ = await training.run(cfg.timed_steps, mode == "on")
             rates[mode].append(cfg.timed_steps / seconds)
             cpu[mode].append(_cpu[-1])
             if mode == "on":
@@ -149,15 +162,14 @@ class _Failovers(NamedTuple):
 async def _failovers(
     cfg: FailoverBenchConfig,
     pool: Any,
-    data: dict[str, np.ndarray[Any, Any]],
-    on: dict[str, Any],
+    training: _Training,
     report: Callable[[dict[str, Any]], None],
 ) -> _Failovers:
     """The failovers: the reference first (uninterrupted), then the run with kills."""
     import ray
 
     report({"phase": "reference"})
-    ref_losses, ref_weights, *_ = await _train(pool.url, data, cfg.steps, {})
+    ref_losses, ref_weights, *_ = await training.run(cfg.steps, failover=False)
     kills: list[tuple[float, str]] = []
 
     def kill(i: int, gpu: Any) -> None:
@@ -171,7 +183,9 @@ async def _failovers(
         kills.append((t, gpu.url))
 
     report({"phase": "failover"})
-    losses, weights, _, stats, moves = await _train(pool.url, data, cfg.steps, on, kill)
+    losses, weights, _, stats, moves = await training.run(
+        cfg.steps, failover=True, before_step=kill
+    )
     equal = losses == ref_losses and all(
         np.array_equal(a, b) for a, b in zip(weights, ref_weights, strict=True)
     )

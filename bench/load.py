@@ -35,6 +35,8 @@ __all__ = ["LoadConfig", "run_load"]
 
 @dataclass
 class LoadConfig(TargetOptions):
+    """``bench load`` (see the module docstring)."""
+
     clients: int = 8
     ops: int = 1000
     sync_every: int = 100

@@ -76,6 +76,8 @@ _QUIET_S = 0.2
 
 @dataclass
 class OpsConfig(TargetOptions):
+    """``bench ops`` (see the module docstring)."""
+
     iterations: int = 3_000  # per synchronous case (and the echo)
     rounds: int = 5
     chain: int = 10_000  # ops per chain

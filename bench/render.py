@@ -527,38 +527,37 @@ def requirements_summary(console: Console, result: dict[str, Any]) -> None:
         console.print(f"plot written to {result['plot']}")
 
 
-def emu_summary(console: Console, result: dict[str, Any]) -> None:
-    """``bench emu``: how close the emulated round trips and bandwidths came to their
-    settings."""
-    rtt_rows = (
-        (
-            r["setting"],
+#: a row's figures from one record of a result
+_Figures = Callable[[dict[str, Any]], tuple[str, ...]]
+#: ``bench emu``'s tables: (title, columns, the result's key of their records, a record's
+#: figures beside its setting)
+_EMU_TABLES: tuple[tuple[str, tuple[str, ...], str, _Figures], ...] = (
+    (
+        "emulated round trip (added to the bare path's)",
+        ("setting", "added µs", "error µs", "error"),
+        "rtt",
+        lambda r: (
             f"{r['added_us']:.1f}",
             f"{r['error_us']:+.1f}",
             f"{100 * r['error_rel']:+.1f}%",
-        )
-        for r in result["rtt"]
-    )
-    console.print(
-        result_table(
-            "emulated round trip (added to the bare path's)",
-            ("setting", "added µs", "error µs", "error"),
-            rtt_rows,
-        )
-    )
-    bandwidth_rows = (
-        (
-            r["setting"],
+        ),
+    ),
+    (
+        "emulated bandwidth (from the added transfer time)",
+        ("setting", "Gbit/s", "error", "end to end Gbit/s"),
+        "bandwidth",
+        lambda r: (
             f"{r['emulated_gbit']:.3f}",
             f"{100 * r['error_rel']:+.1f}%",
             f"{r['end_to_end_gbit']:.3f}",
-        )
-        for r in result["bandwidth"]
-    )
-    console.print(
-        result_table(
-            "emulated bandwidth (from the added transfer time)",
-            ("setting", "Gbit/s", "error", "end to end Gbit/s"),
-            bandwidth_rows,
-        )
-    )
+        ),
+    ),
+)
+
+
+def emu_summary(console: Console, result: dict[str, Any]) -> None:
+    """``bench emu``: how close the emulated round trips and bandwidths came to their
+    settings."""
+    for title, columns, key, figures in _EMU_TABLES:
+        rows = ((r["setting"], *figures(r)) for r in result[key])
+        console.print(result_table(title, columns, rows))

@@ -102,11 +102,16 @@ EMU_SIZES: dict[str, dict[str, Any]] = {
     "transformer": {"steps": 15, "seq": 128, "d_model": 512, "heads": 8},
     "upload": {"steps": 10, "batch_mb": 4.0, "features": 256},
 }
+#: the same with fewer steps (and a smaller upload), for ``--quick``
 EMU_QUICK_SIZES: dict[str, dict[str, Any]] = {
-    "mlp": {"steps": 8, "batch": 256, "din": 256, "hidden": 1024, "dout": 64},
-    "transformer": {"steps": 4, "seq": 128, "d_model": 512, "heads": 8},
-    "upload": {"steps": 4, "batch_mb": 1.0, "features": 256},
+    name: {**EMU_SIZES[name], **quick}
+    for name, quick in (
+        ("mlp", {"steps": 8}),
+        ("transformer", {"steps": 4}),
+        ("upload", {"steps": 4, "batch_mb": 1.0}),
+    )
 }
+#: the sweep's sizes for ``--quick`` over a real transport
 QUICK_SIZES: dict[str, dict[str, Any]] = {
     "mlp": {"steps": 8, "batch": 64, "din": 32, "hidden": 128, "dout": 8},
     "transformer": {"steps": 4, "seq": 16, "d_model": 64, "heads": 4},
@@ -116,6 +121,9 @@ QUICK_SIZES: dict[str, dict[str, Any]] = {
 
 @dataclass
 class RequirementsConfig(TargetOptions):
+    """``bench requirements``: the grid (``rtts_us`` x ``bws_gbit``), the workloads and modes,
+    the tolerance on the slowdown, and the turns per point."""
+
     backend: str = "numpy"
     workloads: list[str] = field(default_factory=lambda: sorted(WORKLOADS))
     rtts_us: list[float] = field(default_factory=lambda: [10, 100, 1000])

@@ -28,6 +28,9 @@ _EMPTY = memoryview(b"")
 
 @dataclass
 class ThroughputConfig(TargetOptions):
+    """``bench throughput``: the sizes swept; per size, about ``bytes_per_point`` bytes of
+    transfers, within [``min_reps``, ``max_reps``]."""
+
     sizes: list[int] = field(default_factory=lambda: list(DEFAULT_SIZES))
     baseline: bool = True
     bytes_per_point: int = 1 << 30  # transfers per size: this many bytes, within [min, max]
