@@ -176,12 +176,17 @@ def _from_args(cls: type[_Config], args: argparse.Namespace, **parsed: Any) -> _
     return cls(**{**copied, **parsed})
 
 
+def _imported(module: str, name: str) -> Any:
+    """``gpuremote.bench.<module>.<name>``. The table names every bench's code, imported only
+    when that bench runs: building the parser imports none of it."""
+    return getattr(importlib.import_module(f"{__package__}.{module}"), name)
+
+
 def _bench(module: str, name: str) -> Callable[..., Any]:
-    """``gpuremote.bench.<module>.<name>``, imported when called: the table names every
-    bench's code, and building the parser imports none of it."""
+    """The function ``gpuremote.bench.<module>.<name>``, imported when called."""
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        return getattr(importlib.import_module(f"{__package__}.{module}"), name)(*args, **kwargs)
+        return _imported(module, name)(*args, **kwargs)
 
     return call
 
@@ -194,13 +199,14 @@ def _config_of(
     make it from the arguments)."""
 
     def config(args: argparse.Namespace) -> Any:
-        cls_ = getattr(importlib.import_module(f"{__package__}.{module}"), cls)
-        return _from_args(cls_, args, **{name: make(args) for name, make in parse.items()})
+        parsed = {name: make(args) for name, make in parse.items()}
+        return _from_args(_imported(module, cls), args, **parsed)
 
     return config
 
 
 def _throughput_config(args: argparse.Namespace) -> Any:
+    """``bench throughput``'s configuration (``--sizes``, else the default sweep)."""
     from .throughput import DEFAULT_SIZES, ThroughputConfig
 
     return _from_args(ThroughputConfig, args, sizes=args.sizes or list(DEFAULT_SIZES))
@@ -212,6 +218,7 @@ def _compare_config(args: argparse.Namespace) -> tuple[Any, list[str]]:
 
 
 async def _run_compare(config: tuple[Any, list[str]], report: Report) -> dict[str, Any]:
+    """``throughput --compare``: the sweep over each transport."""
     from .throughput import run_compare
 
     cfg, transports = config
