@@ -1,5 +1,7 @@
 """Benchmarks of gpuremote against bare baselines measured in the same run.
 
-``gpuremote bench ping | throughput | api``. Each bench returns raw samples; statistics live
-in ``stats`` and rendering in ``render``.
+``gpuremote bench ping | throughput | load | fuzz | requirements | emu | ops | tenants | flood |
+peer | failover | api`` (``cli``: one table of them). Each bench returns raw samples or its
+figures; statistics live in ``stats``, and what the benches show (live views and summaries)
+in ``render``.
 """

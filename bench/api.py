@@ -19,6 +19,9 @@ __all__ = ["ApiConfig", "run_api"]
 
 @dataclass
 class ApiConfig(TargetOptions):
+    """``bench api``: ``calls`` launches on ``elements`` floats per round and mode, ``rounds``
+    rounds (A B A B)."""
+
     calls: int = 10_000
     rounds: int = 3
     elements: int = 16

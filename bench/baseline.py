@@ -17,6 +17,7 @@ import contextlib
 import socket
 import struct
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -337,24 +338,21 @@ class ProtocolEchoClient(asyncio.Protocol):
             self.transport.close()
 
 
+@dataclass
 class Baselines:
-    """Clients of the echo servers that the proxy advertises (``serve --bench-echo``)."""
+    """Clients of the echo servers that the proxy advertises (``serve --bench-echo``), or why
+    there are none (``why_not``)."""
 
-    def __init__(
-        self,
-        blocking: BlockingClient | None,
-        asyncio_client: AsyncioClient | None,
-        why_not: str | None,
-        ucxx: UcxxClient | None = None,
-    ) -> None:
-        self.blocking = blocking
-        self.asyncio = asyncio_client
-        self.why_not = why_not
-        #: the bare ucxx echo, where the proxy is a ucx:// one
-        self.ucxx = ucxx
+    blocking: BlockingClient | None
+    asyncio: AsyncioClient | None
+    why_not: str | None
+    #: the bare ucxx echo, where the proxy is a ucx:// one
+    ucxx: UcxxClient | None = None
 
     @classmethod
     async def open(cls, device: dict[str, Any], host: str, wanted: bool = True) -> Baselines:
+        """Clients of the echoes that the proxy's ``device`` info advertises, on ``host``
+        (none where not ``wanted``)."""
         if not wanted:
             return cls(None, None, "baselines turned off (--no-baseline)")
         ports = device.get("bench_echo")
@@ -370,9 +368,7 @@ class Baselines:
         return cls(blocking, aio, None, ucxx)
 
     def close(self) -> None:
-        if self.blocking is not None:
-            self.blocking.close()
-        if self.asyncio is not None:
-            self.asyncio.close()
-        if self.ucxx is not None:
-            self.ucxx.close()
+        """Close every client there is."""
+        for client in (self.blocking, self.asyncio, self.ucxx):
+            if client is not None:
+                client.close()

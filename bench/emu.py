@@ -26,6 +26,10 @@ __all__ = ["EmuConfig", "run_emu"]
 
 @dataclass
 class EmuConfig(TargetOptions):
+    """``bench emu``: the emulated round trips and bandwidths to check; per round trip up to
+    ``pings`` pings (fewer where they would take over half a second), per bandwidth about
+    ``transfer_s`` of bytes."""
+
     backend: str = "numpy"
     rtts: list[str] = field(default_factory=lambda: ["100us", "300us", "1ms", "3ms", "10ms"])
     bws: list[str] = field(default_factory=lambda: ["100mbit", "1gbit", "10gbit"])

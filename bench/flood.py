@@ -29,6 +29,8 @@ __all__ = ["FloodConfig", "run_flood"]
 
 @dataclass
 class FloodConfig:
+    """``bench flood``: ``rounds`` floods of ``connections`` that never complete the handshake."""
+
     connections: int = 1000
     handshake_timeout_s: float = 3.0
     backend: str = "numpy"

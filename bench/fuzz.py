@@ -54,6 +54,9 @@ _HELLO = CALLS_BY_NAME["hello"].opcode
 
 @dataclass
 class FuzzConfig(TargetOptions):
+    """``bench fuzz``: hostile connections for ``seconds`` (or ``connections`` of them), from
+    ``seed``."""
+
     seconds: float = 30.0
     seed: int = 0
     connections: int = 0  # stop after this many (0: after ``seconds``)

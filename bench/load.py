@@ -20,7 +20,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -35,6 +35,8 @@ __all__ = ["LoadConfig", "run_load"]
 
 @dataclass
 class LoadConfig(TargetOptions):
+    """``bench load`` (see the module docstring)."""
+
     clients: int = 8
     ops: int = 1000
     sync_every: int = 100
@@ -135,9 +137,21 @@ async def _light(url: str, period_s: float, stop: asyncio.Event) -> list[int]:
     return out
 
 
+class _Clients(NamedTuple):
+    """What the clients did: their outcomes, the latencies (ns) of their synchronous calls,
+    of all their calls and of the light client's ops, and the seconds they took."""
+
+    outcomes: list[Outcome]
+    sync_lat: list[int]
+    all_lat: list[int]
+    light_lat: list[int]
+    elapsed: float
+
+
 async def run_load(
     cfg: LoadConfig, report: Callable[[dict[str, Any]], None] = lambda s: None
 ) -> dict[str, Any]:
+    """Run the bench (see the module docstring); returns the JSON result."""
     async with open_target(cfg.url, cfg.transport, cfg.backend) as target:
         if cfg.procs > 1 and target.transport == "inproc":
             raise gpuremote.ConfigError("--procs needs a proxy other processes can reach (tcp)")
@@ -148,28 +162,7 @@ async def run_load(
                 await probe.synchronize()
                 before = await _proxy_rss_mb(target, probe)
                 cpu0 = (await probe.proxy_stats()).get("process_cpu_s")
-        finished = 0
-
-        def done(n: int) -> None:
-            nonlocal finished
-            finished += n
-            report({"finished": finished, "clients": cfg.clients})
-
-        stop = asyncio.Event()
-        light = (
-            asyncio.ensure_future(_light(target.url, cfg.light_period_ms / 1e3, stop))
-            if cfg.light_period_ms > 0
-            else None
-        )
-        t0 = time.perf_counter()
-        indices = list(range(cfg.clients))
-        if cfg.procs <= 1:
-            outcomes, sync_lat, all_lat = await _clients(target.url, cfg, indices, done)
-        else:
-            outcomes, sync_lat, all_lat = await _in_processes(target.url, cfg, indices, done)
-        elapsed = time.perf_counter() - t0
-        stop.set()
-        light_lat = await light if light is not None else []
+        clients = await _run_clients(cfg, target.url, report)
         after = cpu1 = None
         pool_status = None
         if pool is None:
@@ -181,18 +174,55 @@ async def run_load(
                 after = await _proxy_rss_mb(target, probe)
         else:
             pool_status = await asyncio.to_thread(pool.status)
-    errors = [o for o in outcomes if isinstance(o, str)]
-    good = [o for o in outcomes if not isinstance(o, str)]
+    return {
+        **_result(cfg, target, clients),
+        "proxy_cpu_s": (
+            cpu1 - cpu0 if isinstance(cpu0, int | float) and isinstance(cpu1, int | float) else None
+        ),
+        "proxy_rss_mb": {"before": before, "after": after},
+        "per_proxy": _per_proxy(clients),
+        "pool": pool_status,  # each proxy's status at the end, for pool:// URLs
+    }
+
+
+async def _run_clients(
+    cfg: LoadConfig, url: str, report: Callable[[dict[str, Any]], None]
+) -> _Clients:
+    """The clients to the end (in this process, or spread over ``cfg.procs``), and the light
+    client beside them until they are done."""
+    finished = 0
+
+    def done(n: int) -> None:
+        nonlocal finished
+        finished += n
+        report({"finished": finished, "clients": cfg.clients})
+
+    stop = asyncio.Event()
+    light = (
+        asyncio.ensure_future(_light(url, cfg.light_period_ms / 1e3, stop))
+        if cfg.light_period_ms > 0
+        else None
+    )
+    t0 = time.perf_counter()
+    indices = list(range(cfg.clients))
+    if cfg.procs <= 1:
+        outcomes, sync_lat, all_lat = await _clients(url, cfg, indices, done)
+    else:
+        outcomes, sync_lat, all_lat = await _in_processes(url, cfg, indices, done)
+    elapsed = time.perf_counter() - t0
+    stop.set()
+    light_lat = await light if light is not None else []
+    return _Clients(outcomes, sync_lat, all_lat, light_lat, elapsed)
+
+
+def _result(cfg: LoadConfig, target: Target, clients: _Clients) -> dict[str, Any]:
+    """The clients' figures: calls, rates, latencies, errors."""
+    errors = [o for o in clients.outcomes if isinstance(o, str)]
+    good = [o for o in clients.outcomes if not isinstance(o, str)]
     calls = sum(c for c, _, _, _ in good)
     rates = sorted(c / s for c, _, s, _ in good if s > 0)
-    per_proxy: dict[str, dict[str, Any]] = {}
-    for c, _, _, used in good:
-        row = per_proxy.setdefault(used, {"url": used, "sessions": 0, "calls": 0})
-        row["sessions"] += 1
-        row["calls"] += c
-    for row in per_proxy.values():
-        row["calls_per_s"] = row["calls"] / elapsed if elapsed else 0.0
-    sync = summarize(sync_lat)
+    elapsed, light_lat = clients.elapsed, clients.light_lat
+    sync = summarize(clients.sync_lat)
     light_us = summarize(light_lat) if light_lat else dict.fromkeys(("p50", "p99", "max"))
     return {
         "bench": "load",
@@ -215,7 +245,7 @@ async def run_load(
         },
         "p99_us": sync["p99"],
         "sync_latency_us": sync,
-        "all_call_latency_us": summarize(all_lat),
+        "all_call_latency_us": summarize(clients.all_lat),
         "light_client": {
             "period_ms": cfg.light_period_ms,
             "ops": len(light_lat),
@@ -223,13 +253,19 @@ async def run_load(
             "p99_us": light_us["p99"],
             "max_us": light_us["max"],
         },
-        "proxy_cpu_s": (
-            cpu1 - cpu0 if isinstance(cpu0, int | float) and isinstance(cpu1, int | float) else None
-        ),
-        "proxy_rss_mb": {"before": before, "after": after},
-        "per_proxy": sorted(per_proxy.values(), key=lambda r: r["url"]),
-        "pool": pool_status,  # each proxy's status at the end, for pool:// URLs
     }
+
+
+def _per_proxy(clients: _Clients) -> list[dict[str, Any]]:
+    """Per proxy the clients used (one, or a pool's): sessions, calls, calls per second."""
+    per_proxy: dict[str, dict[str, Any]] = {}
+    for c, _, _, used in (o for o in clients.outcomes if not isinstance(o, str)):
+        row = per_proxy.setdefault(used, {"url": used, "sessions": 0, "calls": 0})
+        row["sessions"] += 1
+        row["calls"] += c
+    for row in per_proxy.values():
+        row["calls_per_s"] = row["calls"] / clients.elapsed if clients.elapsed else 0.0
+    return sorted(per_proxy.values(), key=lambda r: r["url"])
 
 
 def _pool(url: str) -> Any:

@@ -76,6 +76,8 @@ _QUIET_S = 0.2
 
 @dataclass
 class OpsConfig(TargetOptions):
+    """``bench ops`` (see the module docstring)."""
+
     iterations: int = 3_000  # per synchronous case (and the echo)
     rounds: int = 5
     chain: int = 10_000  # ops per chain
@@ -242,10 +244,76 @@ async def _measure(
     why_not: str | None,
     report: Callable[[dict[str, Any]], None],
 ) -> dict[str, Any]:
+    """The rounds: every path (the echo, the cases, their twins in process) in turn, after a
+    warm-up; the result, also reported after each round."""
+    local = connect_direct(cfg.backend if cfg.backend != "auto" else "numpy", record=False)
+    cases = _plain_cases(cfg, gpu, xp, device, echo, local)
+    steps = _steps(gpu, local)
+    paths = _paths(cfg, cases, steps, _unread(gpu, local))
+    figures = {name: _Figures() for name in paths}
+    for name in cfg.cases:
+        if name in steps:  # the calls one step makes, counted in process
+            before = local.stats()["calls"]["async"]
+            await steps[name][1]()
+            figures[name].ops_per_step = local.stats()["calls"]["async"] - before
+    for fn, per, _ in paths.values():  # warm-up, not counted
+        await _timed(fn, max(1, cfg.warmup // per) if per == 1 else 1)
+    previous_busy = True  # the warm-up ran every path
+    for r in range(cfg.rounds):
+        for name, (fn, per, reps) in paths.items():
+            if previous_busy:  # before the clocks start
+                await asyncio.sleep(_QUIET_S)
+            previous_busy = name.startswith(("xp_", "transformer_", "mlp_"))
+            in_process = name == "transformer_local" or name.endswith(":local")
+            await _measure_path(figures[name], fn, per, reps, gpu, None if in_process else clock)
+        report(_result(cfg, target, figures, why_not, r + 1))
+    await local.aclose()
+    return _result(cfg, target, figures, why_not, cfg.rounds)
+
+
+async def _measure_path(
+    fig: _Figures,
+    fn: Callable[[], Any],
+    per: int,
+    reps: int,
+    gpu: gpuremote.GPU,
+    clock: _ProxyClock | None,
+) -> None:
+    """One round of one path: ``reps`` calls of ``fn`` (``per`` ops each) into ``fig``, with
+    the frames sent, the client's CPU and the proxy's (``clock``; None: in process, no proxy
+    of its own)."""
+    p0 = await clock.read() if clock is not None else None
+    f0 = gpu.stats()["frames_sent"]
+    c0 = time.process_time()
+    for dt in await _timed(fn, reps):
+        if per == 1:
+            fig.wall_ns.append(dt)
+        else:
+            fig.wall_ns.append(dt / per)
+            fig.blocks_s.append(dt / 1e9)
+    fig.client_cpu_s += time.process_time() - c0
+    fig.frames += gpu.stats()["frames_sent"] - f0
+    p1 = await clock.read() if clock is not None else None
+    if p0 is None or p1 is None or fig.proxy_cpu_s is None:
+        fig.proxy_cpu_s = None
+    else:
+        fig.proxy_cpu_s += p1 - p0
+    fig.ops += per * reps
+
+
+def _plain_cases(
+    cfg: OpsConfig,
+    gpu: gpuremote.GPU,
+    xp: Any,
+    device: Any,
+    echo: ProtocolEchoClient | None,
+    local: Any,
+) -> dict[str, Callable[[], Any]]:
+    """The cases that are no step (``CASES``), the echo and ``transformer_local``: name -> one
+    call. Plain functions are gpuremote.xp's (synchronous code)."""
     ones = np.ones(16, np.float32)
     a = gpu.asarray(ones)
     x = xp.asarray(ones, device=device)
-    local = connect_direct(cfg.backend if cfg.backend != "auto" else "numpy", record=False)
     remote_step = transformer_block(gpu)
     local_step = transformer_block(local)
 
@@ -282,26 +350,44 @@ async def _measure(
     async def transformer_local() -> None:
         await local_step()
 
-    steps = _steps(gpu, local)
+    cases: dict[str, Callable[[], Any]] = {
+        "sync_op": sync_op,
+        "xp_sync_op": xp_sync_op,
+        "async_chain": async_chain,
+        "xp_async_chain": xp_async_chain,
+        "transformer_step": transformer_step,
+        "transformer_local": transformer_local,
+    }
+    if echo is not None:
+        cases["echo"] = echo_op
+    return cases
 
-    # name -> (one op, ops it counts, repeats per round); plain functions are gpuremote.xp's
-    # (synchronous code): they run in a thread of their own, as a script's main thread would
+
+def _paths(
+    cfg: OpsConfig,
+    cases: dict[str, Callable[[], Any]],
+    steps: dict[str, tuple[Any, Any]],
+    unread: tuple[Any, Any],
+) -> dict[str, tuple[Callable[[], Any], int, int]]:
+    """What the rounds time, in order: name -> (one op, ops it counts, repeats per round); the
+    echo first (where there is one), then each case of ``cfg.cases`` with its twin in process.
+    Plain functions run in a thread of their own, as a script's main thread would."""
     chunk = max(1, cfg.iterations // cfg.rounds)
     paths: dict[str, tuple[Callable[[], Any], int, int]] = {}
-    if echo is not None:
-        paths["echo"] = (echo_op, 1, chunk)
+    if "echo" in cases:
+        paths["echo"] = (cases["echo"], 1, chunk)
     table = {
-        "sync_op": (sync_op, 1, chunk),
-        "xp_sync_op": (xp_sync_op, 1, chunk),
-        "async_chain": (async_chain, cfg.chain, 1),
-        "xp_async_chain": (xp_async_chain, cfg.chain, 1),
-        "transformer_step": (transformer_step, 1, cfg.steps),
+        "sync_op": (cases["sync_op"], 1, chunk),
+        "xp_sync_op": (cases["xp_sync_op"], 1, chunk),
+        "async_chain": (cases["async_chain"], cfg.chain, 1),
+        "xp_async_chain": (cases["xp_async_chain"], cfg.chain, 1),
+        "transformer_step": (cases["transformer_step"], 1, cfg.steps),
     }
     for name, (remote, local_fn) in steps.items():
         reps = chunk if name.startswith("chain") else max(cfg.steps, chunk // 10)
         table[name] = (remote, 1, reps)
         table[f"{name}:local"] = (local_fn, 1, reps)
-    remote_unread, local_unread = _unread(gpu, local)
+    remote_unread, local_unread = unread
     table["mlp_replay_unread"] = (remote_unread, UNREAD, max(1, cfg.steps // 4))
     table["mlp_replay_unread:local"] = (local_unread, UNREAD, max(1, cfg.steps // 4))
     for name in cfg.cases:
@@ -309,45 +395,10 @@ async def _measure(
         if name == "mlp_replay_unread":
             paths[f"{name}:local"] = table[f"{name}:local"]
         if name == "transformer_step":
-            paths["transformer_local"] = (transformer_local, 1, cfg.steps)
+            paths["transformer_local"] = (cases["transformer_local"], 1, cfg.steps)
         if name in steps:
             paths[f"{name}:local"] = table[f"{name}:local"]
-    figures = {name: _Figures() for name in paths}
-    for name in cfg.cases:
-        if name in steps:  # the calls one step makes, counted in process
-            before = local.stats()["calls"]["async"]
-            await steps[name][1]()
-            figures[name].ops_per_step = local.stats()["calls"]["async"] - before
-    for fn, per, _ in paths.values():  # warm-up, not counted
-        await _timed(fn, max(1, cfg.warmup // per) if per == 1 else 1)
-    previous_busy = True  # the warm-up ran every path
-    for r in range(cfg.rounds):
-        for name, (fn, per, reps) in paths.items():
-            fig = figures[name]
-            if previous_busy:  # before the clocks start
-                await asyncio.sleep(_QUIET_S)
-            previous_busy = name.startswith(("xp_", "transformer_", "mlp_"))
-            in_process = name == "transformer_local" or name.endswith(":local")
-            p0 = await clock.read() if not in_process else None
-            f0 = gpu.stats()["frames_sent"]
-            c0 = time.process_time()
-            for dt in await _timed(fn, reps):
-                if per == 1:
-                    fig.wall_ns.append(dt)
-                else:
-                    fig.wall_ns.append(dt / per)
-                    fig.blocks_s.append(dt / 1e9)
-            fig.client_cpu_s += time.process_time() - c0
-            fig.frames += gpu.stats()["frames_sent"] - f0
-            p1 = await clock.read() if not in_process else None
-            if p0 is None or p1 is None or fig.proxy_cpu_s is None:
-                fig.proxy_cpu_s = None
-            else:
-                fig.proxy_cpu_s += p1 - p0
-            fig.ops += per * reps
-        report(_result(cfg, target, figures, why_not, r + 1))
-    await local.aclose()
-    return _result(cfg, target, figures, why_not, cfg.rounds)
+    return paths
 
 
 async def _timed(fn: Callable[[], Any], reps: int) -> list[int]:

@@ -27,6 +27,9 @@ __all__ = ["PeerConfig", "run_peer"]
 
 @dataclass
 class PeerConfig:
+    """``bench peer``: an array of ``mib`` MiB copied proxy to proxy and through the client,
+    ``rounds`` times each."""
+
     url: str | None = None  # pool://NAME, else two local proxies
     backend: str = "numpy"
     mib: int = 64

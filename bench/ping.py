@@ -24,6 +24,9 @@ __all__ = ["PingConfig", "run_ping"]
 
 @dataclass
 class PingConfig(TargetOptions):
+    """``bench ping``: ``count`` round trips of ``size`` bytes per path (or ``duration``
+    seconds), in ``rounds`` interleaved chunks, after ``warmup`` uncounted ones."""
+
     size: int = 8
     count: int = 20_000
     duration: float | None = None  # seconds; overrides count

@@ -30,7 +30,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -102,11 +102,16 @@ EMU_SIZES: dict[str, dict[str, Any]] = {
     "transformer": {"steps": 15, "seq": 128, "d_model": 512, "heads": 8},
     "upload": {"steps": 10, "batch_mb": 4.0, "features": 256},
 }
+#: the same with fewer steps (and a smaller upload), for ``--quick``
 EMU_QUICK_SIZES: dict[str, dict[str, Any]] = {
-    "mlp": {"steps": 8, "batch": 256, "din": 256, "hidden": 1024, "dout": 64},
-    "transformer": {"steps": 4, "seq": 128, "d_model": 512, "heads": 8},
-    "upload": {"steps": 4, "batch_mb": 1.0, "features": 256},
+    name: {**EMU_SIZES[name], **quick}
+    for name, quick in (
+        ("mlp", {"steps": 8}),
+        ("transformer", {"steps": 4}),
+        ("upload", {"steps": 4, "batch_mb": 1.0}),
+    )
 }
+#: the sweep's sizes for ``--quick`` over a real transport
 QUICK_SIZES: dict[str, dict[str, Any]] = {
     "mlp": {"steps": 8, "batch": 64, "din": 32, "hidden": 128, "dout": 8},
     "transformer": {"steps": 4, "seq": 16, "d_model": 64, "heads": 4},
@@ -116,6 +121,9 @@ QUICK_SIZES: dict[str, dict[str, Any]] = {
 
 @dataclass
 class RequirementsConfig(TargetOptions):
+    """``bench requirements``: the grid (``rtts_us`` x ``bws_gbit``), the workloads and modes,
+    the tolerance on the slowdown, and the turns per point."""
+
     backend: str = "numpy"
     workloads: list[str] = field(default_factory=lambda: sorted(WORKLOADS))
     rtts_us: list[float] = field(default_factory=lambda: [10, 100, 1000])
@@ -240,90 +248,29 @@ async def run_requirements(
     return await _run_real(cfg, report)
 
 
+class _Progress:
+    """The sweep's points done, of ``total``, reported after each."""
+
+    def __init__(self, total: int, report: Callable[[dict[str, Any]], None]) -> None:
+        self.total, self.done, self._report = total, 0, report
+
+    def point_done(self, workload: str, **more: Any) -> None:
+        self.done += 1
+        self._report({"workload": workload, "done": self.done, "total": self.total, **more})
+
+
 async def _run_real(
     cfg: RequirementsConfig, report: Callable[[dict[str, Any]], None] = lambda s: None
 ) -> dict[str, Any]:
+    """The sweep over emulated links on top of a real transport (``cfg.transport``)."""
     sizes = QUICK_SIZES if cfg.quick else SIZES
     out: list[dict[str, Any]] = []
-    total = len(cfg.workloads) * len(cfg.rtts_us) * len(cfg.bws_gbit) * 2
-    done = 0
+    progress = _Progress(len(cfg.workloads) * len(cfg.rtts_us) * len(cfg.bws_gbit) * 2, report)
     async with open_target(cfg.url, cfg.transport, cfg.backend) as target:
         base_rtt = await ping_rtt(target.url)
         costs = await _calibrate(target.url, cfg.backend, base_rtt)
         for name in cfg.workloads:
-            fn = WORKLOADS[name]
-            local_times, trace = [], []
-            for i in range(cfg.repeats + 1):  # the first run warms caches up, uncounted
-                gpu = connect_direct(cfg.backend)
-                t = await _timed(fn, gpu, sizes[name])
-                if i:
-                    local_times.append(t)
-                trace = list(trace_of(gpu))
-                await gpu.aclose()
-            local_s = float(np.median(local_times))
-            steps = int(sizes[name]["steps"])
-            fit_url = _emu(target.url, min(cfg.rtts_us), max(cfg.bws_gbit))
-            fit_link = (await ping_rtt(fit_url), max(cfg.bws_gbit) * 1e9)
-            bare_s, wl_costs = await _fit_proxy_cost(
-                fit_url, fn, sizes[name], trace, fit_link, costs, max(5, cfg.repeats)
-            )
-            points = []
-            for rtt in cfg.rtts_us:
-                for bw in cfg.bws_gbit:
-                    url = _emu(target.url, rtt, bw)
-                    link_rtt = await ping_rtt(url)
-                    for optimized in (True, False):
-                        runs = []
-                        async with gpuremote.connect(
-                            url, async_calls=optimized, batching=optimized, shadow=optimized
-                        ) as gpu:
-                            for i in range(cfg.repeats + 1):  # the first run: warm-up
-                                t = await _timed(fn, gpu, sizes[name])
-                                if i:
-                                    runs.append(t)
-                        measured = float(np.median(runs))
-                        p = predict(trace, link_rtt, bw * 1e9, optimized=optimized, costs=wl_costs)
-                        predicted = p.seconds
-                        points.append(
-                            {
-                                "rtt_us": rtt,
-                                "bw_gbit": bw,
-                                "optimized": optimized,
-                                "link_rtt_us": link_rtt * 1e6,
-                                "measured_s": measured,
-                                "predicted_s": predicted,
-                                "slowdown": measured / local_s - 1,
-                                "predicted_slowdown": predicted / local_s - 1,
-                                "model_error": predicted / measured - 1,
-                            }
-                        )
-                        done += 1
-                        report({"workload": name, "done": done, "total": total, "last": points[-1]})
-            remote_calls = sum(1 for t in trace if t.klass != "local" or t.shadow_bytes)
-            out.append(
-                {
-                    "name": name,
-                    "sizes": sizes[name],
-                    "local_s": local_s,
-                    "calibration_s": bare_s,
-                    "calibration_point": {
-                        "rtt_us": min(cfg.rtts_us),
-                        "bw_gbit": max(cfg.bws_gbit),
-                        "optimized": True,
-                    },
-                    "proxy_per_call_us": wl_costs.proxy_per_call * 1e6,
-                    "calls": len(trace),
-                    "points": points,
-                    "min_requirement": {
-                        "optimized": _requirement(points, True, cfg.tolerance),
-                        "unoptimized": _requirement(points, False, cfg.tolerance),
-                    },
-                    "sync_round_trips_per_step": {
-                        "optimized": sum(1 for t in trace if t.klass == "sync") / steps,
-                        "unoptimized": remote_calls / steps,
-                    },
-                }
-            )
+            out.append(await _real_workload(cfg, target.url, name, sizes[name], costs, progress))
     errors = [abs(p["model_error"]) for w in out for p in w["points"]]
     return {
         "bench": "requirements",
@@ -336,6 +283,104 @@ async def _run_real(
         "max_model_error": max(errors, default=None),
         "workloads": out,
     }
+
+
+async def _real_workload(
+    cfg: RequirementsConfig,
+    base_url: str,
+    name: str,
+    sizes: dict[str, Any],
+    costs: Costs,
+    progress: _Progress,
+) -> dict[str, Any]:
+    """One workload over real links: in process (the baseline, and its trace), then at each
+    point of the grid with the optimisations on and off, the model's prediction beside."""
+    fn = WORKLOADS[name]
+    local_s, trace = await _local_baseline(fn, sizes, cfg.backend, cfg.repeats)
+    fit_url = _emu(base_url, min(cfg.rtts_us), max(cfg.bws_gbit))
+    fit_link = (await ping_rtt(fit_url), max(cfg.bws_gbit) * 1e9)
+    bare_s, wl_costs = await _fit_proxy_cost(
+        fit_url, fn, sizes, trace, fit_link, costs, max(5, cfg.repeats)
+    )
+    points = []
+    for rtt in cfg.rtts_us:
+        for bw in cfg.bws_gbit:
+            url = _emu(base_url, rtt, bw)
+            link_rtt = await ping_rtt(url)
+            for optimized in (True, False):
+                measured = await _remote_median(url, fn, sizes, optimized, cfg.repeats)
+                p = predict(trace, link_rtt, bw * 1e9, optimized=optimized, costs=wl_costs)
+                predicted = p.seconds
+                points.append(
+                    {
+                        "rtt_us": rtt,
+                        "bw_gbit": bw,
+                        "optimized": optimized,
+                        "link_rtt_us": link_rtt * 1e6,
+                        "measured_s": measured,
+                        "predicted_s": predicted,
+                        "slowdown": measured / local_s - 1,
+                        "predicted_slowdown": predicted / local_s - 1,
+                        "model_error": predicted / measured - 1,
+                    }
+                )
+                progress.point_done(name, last=points[-1])
+    steps = int(sizes["steps"])
+    remote_calls = sum(1 for t in trace if t.klass != "local" or t.shadow_bytes)
+    return {
+        "name": name,
+        "sizes": sizes,
+        "local_s": local_s,
+        "calibration_s": bare_s,
+        "calibration_point": {
+            "rtt_us": min(cfg.rtts_us),
+            "bw_gbit": max(cfg.bws_gbit),
+            "optimized": True,
+        },
+        "proxy_per_call_us": wl_costs.proxy_per_call * 1e6,
+        "calls": len(trace),
+        "points": points,
+        "min_requirement": {
+            "optimized": _requirement(points, True, cfg.tolerance),
+            "unoptimized": _requirement(points, False, cfg.tolerance),
+        },
+        "sync_round_trips_per_step": {
+            "optimized": sum(1 for t in trace if t.klass == "sync") / steps,
+            "unoptimized": remote_calls / steps,
+        },
+    }
+
+
+async def _local_baseline(
+    fn: Callable[..., Any], sizes: dict[str, Any], backend: str, repeats: int
+) -> tuple[float, list[Any]]:
+    """``fn`` in process, ``repeats`` times after a warm-up run: the median time, and the last
+    run's trace."""
+    local_times, trace = [], []
+    for i in range(repeats + 1):  # the first run warms caches up, uncounted
+        gpu = connect_direct(backend)
+        t = await _timed(fn, gpu, sizes)
+        if i:
+            local_times.append(t)
+        trace = list(trace_of(gpu))
+        await gpu.aclose()
+    return float(np.median(local_times)), trace
+
+
+async def _remote_median(
+    url: str, fn: Callable[..., Any], sizes: dict[str, Any], optimized: bool, repeats: int
+) -> float:
+    """The median time of ``repeats`` runs of ``fn`` over ``url`` after a warm-up run, with
+    the optimisations on or off."""
+    runs = []
+    async with gpuremote.connect(
+        url, async_calls=optimized, batching=optimized, shadow=optimized
+    ) as gpu:
+        for i in range(repeats + 1):  # the first run: warm-up
+            t = await _timed(fn, gpu, sizes)
+            if i:
+                runs.append(t)
+    return float(np.median(runs))
 
 
 def timing_backend(spec: str) -> str:
@@ -592,9 +637,35 @@ def _min_requirement(points: list[dict[str, Any]], mode: str, tol: float) -> dic
     return {"rtt_us": rtt_ok, "bw_gbit": bw_ok}
 
 
+@dataclass(frozen=True)
+class _Sweep:
+    """What every workload of the emulated sweep shares: its configuration, the modes that
+    run, the device, the proxy (in this process) and its base URL and listener's name."""
+
+    cfg: RequirementsConfig
+    modes: list[Mode]
+    backend: str
+    proxy: Any
+    base: str
+    listener_name: str
+    progress: _Progress
+
+
+class _Point(NamedTuple):
+    """One point of the grid in one mode, as measured: its turns' runs over the point's link,
+    over the bare link, and in process (``runs[i]``, ``bare[i]``, ``local[i]``: one turn)."""
+
+    rtt: float
+    bw: float
+    runs: list[_Run]
+    bare: list[_Run]
+    local: list[_Run]
+
+
 async def _run_emulated(
     cfg: RequirementsConfig, report: Callable[[dict[str, Any]], None]
 ) -> dict[str, Any]:
+    """The sweep over ``emu+inproc`` on the simulated device (see the module docstring)."""
     from gpuremote.proxy import Proxy
 
     backend = timing_backend(cfg.backend)
@@ -610,155 +681,11 @@ async def _run_emulated(
     base = await proxy.start(f"inproc://{name}")
     out: list[dict[str, Any]] = []
     total = len(cfg.workloads) * len(modes) * len(cfg.rtts_us) * len(cfg.bws_gbit)
-    done = 0
+    sweep = _Sweep(cfg, modes, backend, proxy, base, name, _Progress(total, report))
     t_start = time.perf_counter()
     try:
         for wname in cfg.workloads:
-            fn, wsizes = WORKLOADS[wname], sizes[wname]
-            recorded: list[_Run] = []
-            traces: dict[int, list[Any]] = {}
-            for i in range(cfg.repeats + 1):  # the first run warms caches up, uncounted
-                lr, tr = await _local(fn, wsizes, backend)
-                if i:
-                    recorded.append(lr)
-                    traces[id(lr)] = tr
-            # the trace of the median quiet run: the model's calls, gaps and device times
-            trace = traces[id(_median_run(recorded))]
-            local_model_s = local_seconds_of(trace)
-            # a mode that runs the workload otherwise (captured steps) has a trace of its own
-            mode_traces: dict[str, list[Any]] = {}
-            for mode in modes:
-                if not mode.run:
-                    mode_traces[mode.name] = trace
-                    continue
-                mruns: list[_Run] = []
-                mtraces: dict[int, list[Any]] = {}
-                for i in range(cfg.repeats + 1):
-                    lr, tr = await _local(mode.workload(fn), wsizes, backend)
-                    if i:
-                        mruns.append(lr)
-                        mtraces[id(lr)] = tr
-                mode_traces[mode.name] = mtraces[id(_median_run(mruns))]
-            local_runs: list[_Run] = []  # the baseline's runs, not recorded
-            bare_url = _emu_url(base, None, None)
-            # per point, its runs alternate with runs over the bare link (A B A B), whose
-            # rest of a round trip the point's prediction uses: drift (other jobs on shared
-            # CPUs) then hits both alike
-            raw: dict[str, list[tuple[float, float, list[_Run], list[_Run], list[_Run]]]] = {
-                m.name: [] for m in modes
-            }
-            for rtt in cfg.rtts_us:
-                for mode in modes:
-                    for bw in cfg.bws_gbit:
-                        url = _emu_url(base, rtt, bw)
-                        runs, bare, local = [], [], []
-                        mfn = mode.workload(fn)
-                        async with (  # entered in turn: each finds its own proxy end
-                            _Link(bare_url, mode, mfn, wsizes, proxy, name) as a,
-                            _Link(url, mode, mfn, wsizes, proxy, name) as b,
-                        ):
-                            for _ in range(cfg.repeats):  # local, bare, point; again
-                                lr, _ = await _local(fn, wsizes, backend, record=False)
-                                local.append(lr)
-                                bare.append(await a.run())
-                                runs.append(await b.run())
-                        raw[mode.name].append((rtt, bw, runs, bare, local))
-                        local_runs += local
-                        done += 1
-                        report({"workload": wname, "done": done, "total": total})
-            local_s = _median_run(local_runs).wall
-            points: list[dict[str, Any]] = []
-            costs_by_mode: dict[str, dict[str, Any]] = {}
-            for mode in modes:
-                trace = mode_traces[mode.name]
-                mode_local_model_s = local_seconds_of(trace)
-                every = [r for *_, bare, _ in raw[mode.name] for r in bare]
-                per_trip_all = _per_trip(trace, mode, every)
-                mid = _median_run(every)
-                _, bare_costs, scaled = _predicted(trace, mode, mid, per_trip_all, 0.0, None)
-                ncalls = max(1, _remote_calls(trace, mode.optimized)[0])
-                costs_by_mode[mode.name] = {
-                    "client_per_call_us": sum(t.gap_s for t in scaled) / ncalls * 1e6,
-                    "proxy_per_call_us": _proxy_per_call(scaled, mode, bare_costs) * 1e6,
-                    "per_trip_us": per_trip_all * 1e6,
-                    "bare_link_s": mid.wall,
-                    "bare_runs": len(every),
-                }
-                for rtt, bw, runs, bare, local in raw[mode.name]:
-                    # the triple (a local run, a bare run, the point's run, one after the
-                    # other) that other processes disturbed least; among equals, the one of
-                    # the median time; the slowdown is against the local runs' median (their
-                    # turns spread over the whole sweep)
-                    i = _quietest(local, bare, runs)
-                    r = runs[i]
-                    # the rest of a round trip: from the point's bare runs (their median:
-                    # one run can be held up by what no CPU figure shows), in proportion
-                    # to the proxy's own time in the point's run
-                    per_trip = _per_trip(trace, mode, bare, like=r)
-                    predicted, costs, scaled = _predicted(trace, mode, r, per_trip, rtt, bw)
-                    ideal = predict(
-                        trace, rtt * 1e-6, bw * 1e9, optimized=mode.optimized, batched=True
-                    ).seconds
-                    err = predicted / r.wall - 1
-                    emu_error = r.late / r.wall
-                    stolen = (r.stolen + bare[i].stolen) / r.wall
-                    points.append(
-                        {
-                            "rtt_us": rtt,
-                            "bw_gbit": bw,
-                            "mode": mode.name,
-                            "optimized": mode.optimized,
-                            "measured_s": r.wall,
-                            "predicted_s": predicted,
-                            "model_error": err,
-                            "emulator_error": emu_error,
-                            "cpu_stolen": stolen,
-                            "within": abs(err) <= max(cfg.tolerance, emu_error + stolen),
-                            "slowdown": r.wall / local_s - 1,
-                            "predicted_slowdown": predicted / local_s - 1,
-                            "network_only_slowdown": ideal / mode_local_model_s - 1,
-                            "client_per_call_us": sum(t.gap_s for t in scaled) / ncalls * 1e6,
-                            "proxy_per_call_us": _proxy_per_call(scaled, mode, costs) * 1e6,
-                            "runs_s": [x.wall for x in runs],
-                            "bare_runs_s": [x.wall for x in bare],
-                            "per_trip_us": per_trip * 1e6,
-                        }
-                    )
-            steps = int(wsizes["steps"])
-            trace = mode_traces.get("optimized", trace)
-            _, trips, _, _ = _remote_calls(trace, True)
-            out.append(
-                {
-                    "name": wname,
-                    "sizes": wsizes,
-                    "local_s": local_s,
-                    "local_runs_s": [r.wall for r in local_runs],
-                    "local_model_s": local_model_s,
-                    "device_s": sum(t.kernel_s for t in trace),
-                    "calls": len(trace),
-                    # calls the device is sent per step, by mode (a replayed step: one)
-                    "calls_per_step": {m.name: len(mode_traces[m.name]) / steps for m in modes},
-                    "costs": costs_by_mode,
-                    "points": points,
-                    "min_requirement": {
-                        m.name: _min_requirement(points, m.name, cfg.tolerance) for m in modes
-                    },
-                    # the model's answer with the software's costs as measured at each point
-                    # (steadier than the measured one where other jobs disturb runs)
-                    "min_requirement_model": _requirements(
-                        points, modes, cfg.tolerance, "predicted_slowdown"
-                    ),
-                    # the model's answer were the client's and proxy's software free: the
-                    # network's share of the requirement (the local run's gaps and host time)
-                    "min_requirement_network_only": _requirements(
-                        points, modes, cfg.tolerance, "network_only_slowdown"
-                    ),
-                    "sync_round_trips_per_step": {
-                        "optimized": trips / steps,
-                        "unoptimized": _remote_calls(trace, False)[1] / steps,
-                    },
-                }
-            )
+            out.append(await _emulated_workload(sweep, wname, sizes[wname]))
     finally:
         await proxy.close()
     errors = [abs(p["model_error"]) for w in out for p in w["points"]]
@@ -775,6 +702,188 @@ async def _run_emulated(
         "all_within": all(p["within"] for w in out for p in w["points"]),
         "seconds": time.perf_counter() - t_start,
         "workloads": out,
+    }
+
+
+async def _emulated_workload(sweep: _Sweep, wname: str, wsizes: dict[str, Any]) -> dict[str, Any]:
+    """One workload: its traces in process, the grid measured in every mode, and each point
+    beside the model's prediction."""
+    cfg, modes = sweep.cfg, sweep.modes
+    fn = WORKLOADS[wname]
+    # the trace of the median quiet run: the model's calls, gaps and device times
+    trace = await _median_trace(fn, wsizes, sweep.backend, cfg.repeats)
+    local_model_s = local_seconds_of(trace)
+    # a mode that runs the workload otherwise (captured steps) has a trace of its own
+    mode_traces: dict[str, list[Any]] = {}
+    for mode in modes:
+        if not mode.run:
+            mode_traces[mode.name] = trace
+            continue
+        mode_traces[mode.name] = await _median_trace(
+            mode.workload(fn), wsizes, sweep.backend, cfg.repeats
+        )
+    measured, local_runs = await _measure_grid(sweep, wname, fn, wsizes)
+    local_s = _median_run(local_runs).wall
+    points: list[dict[str, Any]] = []
+    costs_by_mode: dict[str, dict[str, Any]] = {}
+    for mode in modes:
+        mode_points, costs_by_mode[mode.name] = _mode_points(
+            cfg, mode, mode_traces[mode.name], measured[mode.name], local_s
+        )
+        points += mode_points
+    steps = int(wsizes["steps"])
+    # the optimized mode's trace; without that mode, the last mode's (without modes, the
+    # recorded one)
+    trace = mode_traces.get("optimized", mode_traces[modes[-1].name] if modes else trace)
+    _, trips, _, _ = _remote_calls(trace, True)
+    return {
+        "name": wname,
+        "sizes": wsizes,
+        "local_s": local_s,
+        "local_runs_s": [r.wall for r in local_runs],
+        "local_model_s": local_model_s,
+        "device_s": sum(t.kernel_s for t in trace),
+        "calls": len(trace),
+        # calls the device is sent per step, by mode (a replayed step: one)
+        "calls_per_step": {m.name: len(mode_traces[m.name]) / steps for m in modes},
+        "costs": costs_by_mode,
+        "points": points,
+        "min_requirement": {m.name: _min_requirement(points, m.name, cfg.tolerance) for m in modes},
+        # the model's answer with the software's costs as measured at each point
+        # (steadier than the measured one where other jobs disturb runs)
+        "min_requirement_model": _requirements(points, modes, cfg.tolerance, "predicted_slowdown"),
+        # the model's answer were the client's and proxy's software free: the
+        # network's share of the requirement (the local run's gaps and host time)
+        "min_requirement_network_only": _requirements(
+            points, modes, cfg.tolerance, "network_only_slowdown"
+        ),
+        "sync_round_trips_per_step": {
+            "optimized": trips / steps,
+            "unoptimized": _remote_calls(trace, False)[1] / steps,
+        },
+    }
+
+
+async def _median_trace(
+    fn: Callable[..., Any], sizes: dict[str, Any], backend: str, repeats: int
+) -> list[Any]:
+    """The trace of the median quiet run of ``repeats`` local runs of ``fn`` (after one that
+    warms caches up, uncounted)."""
+    recorded: list[_Run] = []
+    traces: dict[int, list[Any]] = {}
+    for i in range(repeats + 1):
+        lr, tr = await _local(fn, sizes, backend)
+        if i:
+            recorded.append(lr)
+            traces[id(lr)] = tr
+    return traces[id(_median_run(recorded))]
+
+
+async def _measure_grid(
+    sweep: _Sweep, wname: str, fn: Callable[..., Any], wsizes: dict[str, Any]
+) -> tuple[dict[str, list[_Point]], list[_Run]]:
+    """Every point of the grid in every mode (per mode, its points), and every local run.
+    Per point, its runs alternate with runs over the bare link and in process (A B C A B
+    C), whose rest of a round trip the point's prediction uses: drift (other jobs on shared
+    CPUs) then hits them alike."""
+    cfg = sweep.cfg
+    local_runs: list[_Run] = []  # the baseline's runs, not recorded
+    bare_url = _emu_url(sweep.base, None, None)
+    measured: dict[str, list[_Point]] = {m.name: [] for m in sweep.modes}
+    for rtt in cfg.rtts_us:
+        for mode in sweep.modes:
+            for bw in cfg.bws_gbit:
+                url = _emu_url(sweep.base, rtt, bw)
+                runs, bare, local = [], [], []
+                mfn = mode.workload(fn)
+                async with (  # entered in turn: each finds its own proxy end
+                    _Link(bare_url, mode, mfn, wsizes, sweep.proxy, sweep.listener_name) as a,
+                    _Link(url, mode, mfn, wsizes, sweep.proxy, sweep.listener_name) as b,
+                ):
+                    for _ in range(cfg.repeats):  # local, bare, point; again
+                        lr, _ = await _local(fn, wsizes, sweep.backend, record=False)
+                        local.append(lr)
+                        bare.append(await a.run())
+                        runs.append(await b.run())
+                measured[mode.name].append(_Point(rtt, bw, runs, bare, local))
+                local_runs += local
+                sweep.progress.point_done(wname)
+    return measured, local_runs
+
+
+def _mode_points(
+    cfg: RequirementsConfig,
+    mode: Mode,
+    trace: list[Any],
+    measured: list[_Point],
+    local_s: float,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One mode's points, each beside the model's prediction, and the mode's costs as the
+    bare link's runs measured them."""
+    every = [r for p in measured for r in p.bare]
+    per_trip_all = _per_trip(trace, mode, every)
+    mid = _median_run(every)
+    _, bare_costs, scaled = _predicted(trace, mode, mid, per_trip_all, 0.0, None)
+    ncalls = max(1, _remote_calls(trace, mode.optimized)[0])
+    costs = {
+        "client_per_call_us": sum(t.gap_s for t in scaled) / ncalls * 1e6,
+        "proxy_per_call_us": _proxy_per_call(scaled, mode, bare_costs) * 1e6,
+        "per_trip_us": per_trip_all * 1e6,
+        "bare_link_s": mid.wall,
+        "bare_runs": len(every),
+    }
+    network_local_s = local_seconds_of(trace)
+    points = [
+        _emulated_point(cfg, mode, trace, p, local_s, network_local_s, ncalls) for p in measured
+    ]
+    return points, costs
+
+
+def _emulated_point(
+    cfg: RequirementsConfig,
+    mode: Mode,
+    trace: list[Any],
+    point: _Point,
+    local_s: float,
+    network_local_s: float,
+    ncalls: int,
+) -> dict[str, Any]:
+    """One point: its least disturbed turn, measured and predicted (``local_s``: the local
+    runs' median; ``network_local_s``: the local time of the mode's trace, the network-only
+    prediction's baseline)."""
+    rtt, bw, runs, bare, local = point
+    # the triple (a local run, a bare run, the point's run, one after the other) that other
+    # processes disturbed least; among equals, the one of the median time; the slowdown is
+    # against the local runs' median (their turns spread over the whole sweep)
+    i = _quietest(local, bare, runs)
+    r = runs[i]
+    # the rest of a round trip: from the point's bare runs (their median: one run can be held
+    # up by what no CPU figure shows), in proportion to the proxy's own time in the point's run
+    per_trip = _per_trip(trace, mode, bare, like=r)
+    predicted, costs, scaled = _predicted(trace, mode, r, per_trip, rtt, bw)
+    ideal = predict(trace, rtt * 1e-6, bw * 1e9, optimized=mode.optimized, batched=True).seconds
+    err = predicted / r.wall - 1
+    emu_error = r.late / r.wall
+    stolen = (r.stolen + bare[i].stolen) / r.wall
+    return {
+        "rtt_us": rtt,
+        "bw_gbit": bw,
+        "mode": mode.name,
+        "optimized": mode.optimized,
+        "measured_s": r.wall,
+        "predicted_s": predicted,
+        "model_error": err,
+        "emulator_error": emu_error,
+        "cpu_stolen": stolen,
+        "within": abs(err) <= max(cfg.tolerance, emu_error + stolen),
+        "slowdown": r.wall / local_s - 1,
+        "predicted_slowdown": predicted / local_s - 1,
+        "network_only_slowdown": ideal / network_local_s - 1,
+        "client_per_call_us": sum(t.gap_s for t in scaled) / ncalls * 1e6,
+        "proxy_per_call_us": _proxy_per_call(scaled, mode, costs) * 1e6,
+        "runs_s": [x.wall for x in runs],
+        "bare_runs_s": [x.wall for x in bare],
+        "per_trip_us": per_trip * 1e6,
     }
 
 

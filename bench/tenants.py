@@ -28,6 +28,9 @@ __all__ = ["TenantsConfig", "run_tenants"]
 
 @dataclass
 class TenantsConfig(TargetOptions):
+    """``bench tenants``: each phase ``seconds`` long; a light op every ``period_ms``, beside
+    a heavy client's ``matmuls`` chained matmuls of ``n`` x ``n``."""
+
     seconds: float = 3.0  # per phase
     period_ms: float = 10.0  # between the light client's ops
     n: int = 1500  # the heavy client's matrix size

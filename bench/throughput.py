@@ -28,6 +28,9 @@ _EMPTY = memoryview(b"")
 
 @dataclass
 class ThroughputConfig(TargetOptions):
+    """``bench throughput``: the sizes swept; per size, about ``bytes_per_point`` bytes of
+    transfers, within [``min_reps``, ``max_reps``]."""
+
     sizes: list[int] = field(default_factory=lambda: list(DEFAULT_SIZES))
     baseline: bool = True
     bytes_per_point: int = 1 << 30  # transfers per size: this many bytes, within [min, max]
@@ -141,16 +144,15 @@ async def _sweep(
     memory: dict[str, Any],
     report: Callable[[dict[str, Any]], None],
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    clock = time.perf_counter_ns
+    """Each size up and down over every path; the JSON result and one raw row per transfer."""
     results: list[dict[str, Any]] = []
     raw: list[dict[str, Any]] = []
-    total = 2 * len(cfg.sizes)
     state = {
         "url": target.url,
         "transport": target.transport,
         "results": results,
         "done": 0,
-        "total": total,
+        "total": 2 * len(cfg.sizes),
         "current": "",
     }
     for size in cfg.sizes:
@@ -164,43 +166,8 @@ async def _sweep(
             state["current"] = f"{direction} {size} bytes x {reps}"
             report(dict(state))
             paths = _paths(direction, arr, host, base)
-            times: dict[str, list[int]] = {k: [] for k in paths}
-            for fn in paths.values():  # one warm-up transfer each
-                await fn()
-            for i in range(reps):
-                for name, fn in paths.items():
-                    t0 = clock()
-                    await fn()
-                    dt = clock() - t0
-                    times[name].append(dt)
-                    raw.append(
-                        {
-                            "path": name,
-                            "size": size,
-                            "direction": direction,
-                            "iteration": i,
-                            "ns": dt,
-                        }
-                    )
-            g = gbps(size, times["gpuremote"])
-            base_gbps = gbps(size, times["blocking"]) if "blocking" in times else None
-            aio = gbps(size, times["asyncio"]) if "asyncio" in times else None
-            ucxx = gbps(size, times["ucxx"]) if "ucxx" in times else None
-            results.append(
-                {
-                    "size": size,
-                    "direction": direction,
-                    "reps": reps,
-                    "gbps": g,
-                    "gbit_s": g * 8,
-                    "baseline_gbps": base_gbps,
-                    "asyncio_gbps": aio,
-                    "ucxx_gbps": ucxx,
-                    # to this transport's own bare baseline: ucxx for ucx://, sockets else
-                    "ratio": ratio(g, ucxx if ucxx is not None else base_gbps),
-                    "transport": target.transport,
-                }
-            )
+            times = await _transfers(paths, reps, size, direction, raw)
+            results.append(_row(size, direction, reps, times, target.transport))
             state["done"] = len(results)
             report(dict(state))
         arr.free()
@@ -219,6 +186,61 @@ async def _sweep(
         },
     }
     return result, raw
+
+
+async def _transfers(
+    paths: dict[str, Callable[[], Any]],
+    reps: int,
+    size: int,
+    direction: str,
+    raw: list[dict[str, Any]],
+) -> dict[str, list[int]]:
+    """``reps`` transfers over each path, interleaved transfer by transfer (A B C A B C) after
+    one warm-up transfer each: ns per transfer and path (each also a row of ``raw``)."""
+    clock = time.perf_counter_ns
+    times: dict[str, list[int]] = {k: [] for k in paths}
+    for fn in paths.values():  # one warm-up transfer each
+        await fn()
+    for i in range(reps):
+        for name, fn in paths.items():
+            t0 = clock()
+            await fn()
+            dt = clock() - t0
+            times[name].append(dt)
+            raw.append(
+                {
+                    "path": name,
+                    "size": size,
+                    "direction": direction,
+                    "iteration": i,
+                    "ns": dt,
+                }
+            )
+    return times
+
+
+def _row(
+    size: int, direction: str, reps: int, times: dict[str, list[int]], transport: str
+) -> dict[str, Any]:
+    """One size and direction: each path's bandwidth (medians) and gpuremote's ratio to the
+    transport's own bare baseline."""
+    g = gbps(size, times["gpuremote"])
+    base_gbps = gbps(size, times["blocking"]) if "blocking" in times else None
+    aio = gbps(size, times["asyncio"]) if "asyncio" in times else None
+    ucxx = gbps(size, times["ucxx"]) if "ucxx" in times else None
+    return {
+        "size": size,
+        "direction": direction,
+        "reps": reps,
+        "gbps": g,
+        "gbit_s": g * 8,
+        "baseline_gbps": base_gbps,
+        "asyncio_gbps": aio,
+        "ucxx_gbps": ucxx,
+        # to this transport's own bare baseline: ucxx for ucx://, sockets else
+        "ratio": ratio(g, ucxx if ucxx is not None else base_gbps),
+        "transport": transport,
+    }
 
 
 async def run_compare(

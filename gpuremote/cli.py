@@ -1,79 +1,46 @@
-"""The ``gpuremote`` command: ``serve``, ``demo``, ``info`` and ``bench ...``."""
+"""The ``gpuremote`` command: ``serve``, ``demo``, ``top``, ``pool``, ``trace``, ``predict``,
+``info`` (one table of them, ``COMMANDS``) and ``bench ...`` (``gpuremote.bench.cli``)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import os
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .proxy.executor import SessionLimits
+    from .proxy.server import Proxy, Service
 
 __all__ = ["main"]
 
 
 def _serve(args: argparse.Namespace) -> int:
+    """``gpuremote serve``: run a proxy until it is stopped (2: it could not start)."""
     from . import aio
     from .backends import BackendError
     from .errors import GpuRemoteError
-    from .proxy.executor import SessionLimits
-    from .proxy.server import Proxy, Service, serve
-    from .tools.proxyprocess import READY
-    from .transports import Address
-    from .wire.auth import is_loopback, load_secret
+    from .proxy.server import serve
+    from .wire.auth import load_secret
     from .wire.framing import FrameLimits
 
-    services: list[Service] = []
-    if args.bench_echo:  # the bench's baseline servers, beside the proxy, when asked for
-        from .bench.baseline import echo_service
-
-        services.append(echo_service)
-
+    services = _bench_services(args.bench_echo)
     logging.basicConfig(
         level=logging.WARNING if args.quiet else logging.INFO,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
         stream=sys.stderr,
     )
-    limits = SessionLimits(
-        **{
-            k: v
-            for k, v in (
-                ("max_device_bytes", args.max_device_bytes),
-                ("max_handles", args.max_handles),
-                ("max_steps", args.max_steps),
-            )
-            if v is not None
-        }
-    )
-
-    def ready(proxy: Proxy, urls: list[str]) -> None:
-        info = proxy.backend.device_info()
-        note = f" ({info['note']})" if info["note"] else ""
-        print(
-            f"gpuremote proxy: backend {info['backend']} on {info['device']}{note}",
-            file=sys.stderr,
-            flush=True,
-        )
-        for url, listener in zip(urls, proxy.listeners, strict=False):
-            line = f"{READY}{url}" if args.announce else f"listening on {url}"
-            if listener.bound and listener.bound != (url,):  # where it really listens
-                line += f" (bound to {', '.join(listener.bound)})"
-            print(line, flush=True, file=sys.stdout if args.announce else sys.stderr)
-        if proxy.metrics_url:
-            print(f"Prometheus metrics at {proxy.metrics_url}", file=sys.stderr, flush=True)
-        if proxy.admin_token is None:
-            print("admin calls (gpuremote top) are off: no --admin-token", file=sys.stderr)
-
+    limits = _session_limits(args)
     try:
         metrics = None if args.metrics_port is None else (args.metrics_host, args.metrics_port)
         secret = load_secret(secret_file=args.secret_file)
         urls = args.listen or ["tcp://127.0.0.1:5151"]
-        exposed = [
-            u
-            for u in urls
-            if not is_loopback(Address.parse(u).host) and Address.parse(u).scheme != "inproc"
-        ]
+        exposed = _off_loopback(urls)
         if exposed and secret is None and not args.insecure:
             print(
                 f"gpuremote serve: refusing to listen on {', '.join(exposed)} without a shared "
@@ -86,7 +53,7 @@ def _serve(args: argparse.Namespace) -> int:
             serve(
                 urls,
                 args.backend,
-                ready=ready,
+                ready=functools.partial(_print_ready, args.announce),
                 session_limits=limits,
                 services=services,
                 inline_us=args.inline_us,
@@ -111,7 +78,64 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_services(bench_echo: bool) -> list[Service]:
+    """The services served beside the proxy: the bench's baseline servers, when asked for."""
+    if not bench_echo:
+        return []
+    from .bench.baseline import echo_service
+
+    return [echo_service]
+
+
+def _session_limits(args: argparse.Namespace) -> SessionLimits:
+    """``serve``'s per-session limits: the defaults, but those given as options."""
+    from .proxy.executor import SessionLimits
+
+    given = (
+        ("max_device_bytes", args.max_device_bytes),
+        ("max_handles", args.max_handles),
+        ("max_steps", args.max_steps),
+    )
+    return SessionLimits(**{k: v for k, v in given if v is not None})
+
+
+def _off_loopback(urls: list[str]) -> list[str]:
+    """Those of ``urls`` that other machines could reach (neither loopback nor in process)."""
+    from .transports import Address
+    from .wire.auth import is_loopback
+
+    return [
+        u
+        for u in urls
+        if not is_loopback(Address.parse(u).host) and Address.parse(u).scheme != "inproc"
+    ]
+
+
+def _print_ready(announce: bool, proxy: Proxy, urls: list[str]) -> None:
+    """``serve``'s lines once the proxy listens: its device, where it listens (on stdout, for
+    scripts, with ``--announce``), its metrics, whether admin calls are on."""
+    from .tools.proxyprocess import READY
+
+    info = proxy.backend.device_info()
+    note = f" ({info['note']})" if info["note"] else ""
+    print(
+        f"gpuremote proxy: backend {info['backend']} on {info['device']}{note}",
+        file=sys.stderr,
+        flush=True,
+    )
+    for url, listener in zip(urls, proxy.listeners, strict=False):
+        line = f"{READY}{url}" if announce else f"listening on {url}"
+        if listener.bound and listener.bound != (url,):  # where it really listens
+            line += f" (bound to {', '.join(listener.bound)})"
+        print(line, flush=True, file=sys.stdout if announce else sys.stderr)
+    if proxy.metrics_url:
+        print(f"Prometheus metrics at {proxy.metrics_url}", file=sys.stderr, flush=True)
+    if proxy.admin_token is None:
+        print("admin calls (gpuremote top) are off: no --admin-token", file=sys.stderr)
+
+
 def _demo(args: argparse.Namespace) -> int:
+    """``gpuremote demo``: the MLP locally and through a proxy (1: the results differ)."""
     import time
 
     import numpy as np
@@ -167,6 +191,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _top(args: argparse.Namespace) -> int:
+    """``gpuremote top``: a proxy's clients, or a pool's proxies (``pool://``)."""
     from . import aio
     from .session.connection import placed
     from .tools.top import run_top, run_top_pool
@@ -189,12 +214,14 @@ def _top(args: argparse.Namespace) -> int:
 
 
 def _pool(args: argparse.Namespace) -> int:
+    """``gpuremote pool start | status | stop``."""
     from .tools.pool_cli import run_pool_command
 
     return run_pool_command(args)
 
 
 def _trace(args: argparse.Namespace) -> int:
+    """``gpuremote trace``: a workload run in process, its call trace written to a file."""
     import time
 
     from . import aio
@@ -222,6 +249,7 @@ def _trace(args: argparse.Namespace) -> int:
 
 
 def _predict(args: argparse.Namespace) -> int:
+    """``gpuremote predict``: a trace's time over a link, with the optimisations and without."""
     import json
 
     from .tools.model import Costs, load_trace, predict
@@ -267,6 +295,7 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
+    """``gpuremote info``: the proxy's device properties, as JSON."""
     import json
 
     from . import aio
@@ -280,170 +309,230 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gpuremote", description="GPU API remoting")
-    sub = p.add_subparsers(dest="command", required=True)
+# -- the options of each subcommand, in --help's order -----------------------------------------
 
-    s = sub.add_parser("serve", help="run a proxy that owns the GPU")
-    s.add_argument(
+Option = tuple[tuple[str, ...], dict[str, Any]]
+
+
+def _option(*flags: str, **settings: Any) -> Option:
+    """One option of a subcommand: the arguments of its ``add_argument`` call."""
+    return flags, settings
+
+
+_SERVE_OPTIONS = (
+    _option(
         "--listen",
         action="append",
         metavar="URL",
         help="address to listen on (repeatable; default tcp://127.0.0.1:5151)",
-    )
-    s.add_argument(
+    ),
+    _option(
         "--backend",
         default="auto",
         help="auto, cupy, numpy, or sim (a simulated device; sim:op_us=50 for 50 µs per op; "
         "sim:check checks stream order: races, use after free; sim:check,op_us=50)",
-    )
-    s.add_argument(
+    ),
+    _option(
         "--max-clients",
         type=int,
         default=None,
         help="connections beyond this many are refused (the client is told the limit)",
-    )
-    s.add_argument(
+    ),
+    _option(
         "--handshake-timeout",
         type=float,
         default=5.0,
         help="seconds a new connection has to complete the handshake (0: no limit)",
-    )
-    s.add_argument(
+    ),
+    _option(
         "--inline-us",
         type=float,
         default=1000.0,
         help="a batch estimated to take less runs on the event loop when its session has "
         "nothing in flight; everything else runs on a worker thread (default 1000)",
-    )
-    s.add_argument(
-        "--max-device-bytes", type=int, default=None, help="per-session device memory limit"
-    )
-    s.add_argument("--max-handles", type=int, default=None, help="per-session handle limit")
-    s.add_argument(
-        "--max-steps", type=int, default=None, help="recorded steps a session may keep (256)"
-    )
-    s.add_argument(
+    ),
+    _option("--max-device-bytes", type=int, default=None, help="per-session device memory limit"),
+    _option("--max-handles", type=int, default=None, help="per-session handle limit"),
+    _option("--max-steps", type=int, default=None, help="recorded steps a session may keep (256)"),
+    _option(
         "--max-frame-bytes",
         type=int,
         default=None,
         help="largest frame a client may send (bounds what a session can have in flight: "
         "the proxy stops reading a client whose replies are not yet out)",
-    )
-    s.add_argument(
+    ),
+    _option(
         "--announce",
         action="store_true",
         help="print the bound URL on stdout once listening (for scripts)",
-    )
-    s.add_argument("--quiet", action="store_true", help="log warnings only")
-    s.add_argument(
+    ),
+    _option("--quiet", action="store_true", help="log warnings only"),
+    _option(
         "--secret-file",
         default=None,
         help="file holding the shared secret clients must prove they know (default: "
         "GPUREMOTE_SECRET, GPUREMOTE_SECRET_FILE, [auth] in gpuremote.toml; none: no auth)",
-    )
-    s.add_argument(
+    ),
+    _option(
         "--drain-seconds",
         type=float,
         default=2.0,
         help="on SIGTERM, how long clients get to finish before they are disconnected",
-    )
-    s.add_argument(
+    ),
+    _option(
         "--insecure",
         action="store_true",
         help="allow listening on a non-loopback address without a shared secret",
-    )
-    s.add_argument(
+    ),
+    _option(
         "--admin-token",
         default=None,
         help="secret that admin clients (gpuremote top) must present "
         "(default: GPUREMOTE_ADMIN_TOKEN; none: admin calls refused)",
-    )
-    s.add_argument(
+    ),
+    _option(
         "--peer",
         action="append",
         default=[],
         metavar="URL",
         help="another proxy this one may copy arrays from (x.to_device(...)); repeatable. "
         "Without one, proxy-to-proxy copies are refused and go through the client",
-    )
-    s.add_argument(
+    ),
+    _option(
         "--metrics-port",
         type=int,
         default=None,
         help="serve Prometheus metrics on this port (needs the [metrics] extra)",
-    )
-    s.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics server")
-    s.add_argument(
+    ),
+    _option("--metrics-host", default="127.0.0.1", help="address of the metrics server"),
+    _option(
         "--bench-echo",
         action="store_true",
         help="also serve bare echo baselines for `gpuremote bench` (loopback use)",
-    )
-    s.set_defaults(func=_serve)
+    ),
+)
+_DEMO_OPTIONS = (
+    _option("--url", default=None, help="proxy to use (default: start a local one)"),
+    _option("--backend", default="auto", help="backend of the local proxy"),
+    _option("--steps", type=int, default=20),
+    _option("--batch", type=int, default=256),
+    _option("--hidden", type=int, default=128),
+)
+_TOP_OPTIONS = (
+    _option("--url", default=None),
+    _option("--token", default=None, help="admin token (default: GPUREMOTE_ADMIN_TOKEN)"),
+    _option("--interval", type=float, default=1.0, help="seconds between refreshes"),
+    _option("--once", action="store_true", help="print one snapshot and exit"),
+    _option("--json", action="store_true", help="with --once: as JSON"),
+    _option("--address", default=None, help="with pool://: the Ray cluster's address"),
+)
 
-    d = sub.add_parser("demo", help="train a small MLP through a proxy and check the result")
-    d.add_argument("--url", default=None, help="proxy to use (default: start a local one)")
-    d.add_argument("--backend", default="auto", help="backend of the local proxy")
-    d.add_argument("--steps", type=int, default=20)
-    d.add_argument("--batch", type=int, default=256)
-    d.add_argument("--hidden", type=int, default=128)
-    d.set_defaults(func=_demo)
 
-    t = sub.add_parser("top", help="live view of a proxy's clients (an admin call)")
-    t.add_argument("--url", default=None)
-    t.add_argument("--token", default=None, help="admin token (default: GPUREMOTE_ADMIN_TOKEN)")
-    t.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
-    t.add_argument("--once", action="store_true", help="print one snapshot and exit")
-    t.add_argument("--json", action="store_true", help="with --once: as JSON")
-    t.add_argument("--address", default=None, help="with pool://: the Ray cluster's address")
-    t.set_defaults(func=_top)
-
-    pl = sub.add_parser("pool", help="a pool of proxies on Ray (the [ray] extra)")
-    psub = pl.add_subparsers(dest="pool_command", required=True)
-    for name, text in (
-        ("start", "start a pool's proxies as Ray actors"),
-        ("status", "each proxy of a pool: url, node, sessions, memory, calls/s, restarts"),
-        ("stop", "stop a pool's proxies"),
-    ):
-        c = psub.add_parser(name, help=text)
-        c.add_argument("--name", default="gpuremote", help="the pool's name (pool://NAME)")
-        fallback = ", else one started here with `ray start --head`" if name == "start" else ""
-        c.add_argument(
+def _which_pool_options(ray_fallback: str = "") -> tuple[Option, ...]:
+    """The options every ``pool`` subcommand has: which pool, on which Ray cluster (where
+    none is found, ``ray_fallback`` says what happens)."""
+    return (
+        _option("--name", default="gpuremote", help="the pool's name (pool://NAME)"),
+        _option(
             "--address",
             default=None,
-            help=f"the Ray cluster (default: RAY_ADDRESS, else the one on this machine{fallback})",
-        )
-        if name == "start":
-            c.add_argument("--proxies", type=int, default=1, help="how many proxies")
-            c.add_argument("--num-gpus", type=float, default=1, help="GPUs per proxy (0: none)")
-            c.add_argument(
-                "--backend", default="auto", help="auto, cupy, numpy or sim (auto: CuPy if usable)"
-            )
-            c.add_argument("--transport", default="tcp", choices=["tcp", "ucx"])
-        if name == "status":
-            c.add_argument("--json", action="store_true", help="one JSON object")
-            c.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
-            c.add_argument("--interval", type=float, default=1.0)
-    pl.set_defaults(func=_pool)
+            help="the Ray cluster (default: RAY_ADDRESS, else the one on this machine"
+            f"{ray_fallback})",
+        ),
+    )
 
-    tr = sub.add_parser("trace", help="record a workload's call trace from a local run")
-    tr.add_argument("workload", choices=["mlp", "transformer", "upload"])
-    tr.add_argument("-o", "--output", default="trace.json")
-    tr.add_argument("--backend", default="numpy")
-    tr.set_defaults(func=_trace)
 
-    pr = sub.add_parser("predict", help="predict a traced workload's time over a network")
-    pr.add_argument("trace", help="a file from `gpuremote trace`")
-    pr.add_argument("--rtt", default="10us", help="round-trip time, e.g. 10us")
-    pr.add_argument("--bw", default=None, help="bandwidth, e.g. 100gbit (default: unlimited)")
-    pr.add_argument("--client-overhead", default="0", help="client cost per remote call")
-    pr.add_argument("--proxy-overhead", default="0", help="proxy cost per call")
-    pr.add_argument("--json", action="store_true")
-    pr.set_defaults(func=_predict)
+_POOL_START_OPTIONS = (
+    *_which_pool_options(", else one started here with `ray start --head`"),
+    _option("--proxies", type=int, default=1, help="how many proxies"),
+    _option("--num-gpus", type=float, default=1, help="GPUs per proxy (0: none)"),
+    _option("--backend", default="auto", help="auto, cupy, numpy or sim (auto: CuPy if usable)"),
+    _option("--transport", default="tcp", choices=["tcp", "ucx"]),
+)
+_POOL_STATUS_OPTIONS = (
+    *_which_pool_options(),
+    _option("--json", action="store_true", help="one JSON object"),
+    _option("--watch", action="store_true", help="refresh until Ctrl-C"),
+    _option("--interval", type=float, default=1.0),
+)
+_TRACE_OPTIONS = (
+    _option("workload", choices=["mlp", "transformer", "upload"]),
+    _option("-o", "--output", default="trace.json"),
+    _option("--backend", default="numpy"),
+)
+_PREDICT_OPTIONS = (
+    _option("trace", help="a file from `gpuremote trace`"),
+    _option("--rtt", default="10us", help="round-trip time, e.g. 10us"),
+    _option("--bw", default=None, help="bandwidth, e.g. 100gbit (default: unlimited)"),
+    _option("--client-overhead", default="0", help="client cost per remote call"),
+    _option("--proxy-overhead", default="0", help="proxy cost per call"),
+    _option("--json", action="store_true"),
+)
+_INFO_OPTIONS = (_option("--url", default=None),)
 
-    i = sub.add_parser("info", help="print the proxy's device properties")
-    i.add_argument("--url", default=None)
-    i.set_defaults(func=_info)
+
+# -- the table --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Command:
+    """A ``gpuremote`` subcommand: its name, help and options, and what runs it (its exit
+    code); ``subcommands``: (name, help, options) of its own subcommands, which ``run`` runs
+    too (their name in ``args.<name>_command``)."""
+
+    name: str
+    help: str
+    options: tuple[Option, ...]
+    run: Callable[[argparse.Namespace], int]
+    subcommands: tuple[tuple[str, str, tuple[Option, ...]], ...] = ()
+
+
+#: every ``gpuremote`` subcommand but ``bench`` (``gpuremote.bench.cli``), in --help's order
+COMMANDS: tuple[Command, ...] = (
+    Command("serve", "run a proxy that owns the GPU", _SERVE_OPTIONS, _serve),
+    Command("demo", "train a small MLP through a proxy and check the result", _DEMO_OPTIONS, _demo),
+    Command("top", "live view of a proxy's clients (an admin call)", _TOP_OPTIONS, _top),
+    Command(
+        "pool",
+        "a pool of proxies on Ray (the [ray] extra)",
+        (),
+        _pool,
+        subcommands=(
+            ("start", "start a pool's proxies as Ray actors", _POOL_START_OPTIONS),
+            (
+                "status",
+                "each proxy of a pool: url, node, sessions, memory, calls/s, restarts",
+                _POOL_STATUS_OPTIONS,
+            ),
+            ("stop", "stop a pool's proxies", _which_pool_options()),
+        ),
+    ),
+    Command("trace", "record a workload's call trace from a local run", _TRACE_OPTIONS, _trace),
+    Command(
+        "predict", "predict a traced workload's time over a network", _PREDICT_OPTIONS, _predict
+    ),
+    Command("info", "print the proxy's device properties", _INFO_OPTIONS, _info),
+)
+
+
+def _add_options(parser: argparse.ArgumentParser, options: tuple[Option, ...]) -> None:
+    """``options``' ``add_argument`` calls on ``parser``, in order."""
+    for flags, settings in options:
+        parser.add_argument(*flags, **settings)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``gpuremote`` command's parser: ``COMMANDS``, then ``bench``."""
+    p = argparse.ArgumentParser(prog="gpuremote", description="GPU API remoting")
+    sub = p.add_subparsers(dest="command", required=True)
+    for command in COMMANDS:
+        c = sub.add_parser(command.name, help=command.help)
+        _add_options(c, command.options)
+        if command.subcommands:
+            below = c.add_subparsers(dest=f"{command.name}_command", required=True)
+            for name, text, options in command.subcommands:
+                _add_options(below.add_parser(name, help=text), options)
+        c.set_defaults(func=command.run)
 
     from .bench.cli import add_bench_parser
 
@@ -452,6 +541,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``gpuremote`` command (``argv``: its arguments, else ``sys.argv``); its exit
+    code."""
     args = build_parser().parse_args(argv)
     try:
         if getattr(args, "json", False):
