@@ -427,3 +427,27 @@ async def test_a_write_answered_with_an_error_pending_keeps_it_pending(local: _L
     ref = await scenario(False)
     got = await scenario(True, failover=[a, b], checkpoint_interval_s=3600)
     assert got == ref
+
+
+async def test_a_checkpoint_leaves_the_applications_error_and_what_it_skips(
+    local: _Local,
+) -> None:
+    """A checkpoint taken while an error of the application's is pending neither takes that
+    error nor lets the work it skips run: as without failover."""
+    a, b = await local.start(2)
+    async with gpuremote.connect(a, failover=[a, b], checkpoint_interval_s=0.001) as gpu:
+        session = gpu.session
+        assert isinstance(session, FailoverSession)
+        y = gpu.asarray(np.ones(8, dtype=np.float32))
+        await gpu.synchronize()
+        while session.checkpoints.task is not None:  # the first checkpoint, done
+            await asyncio.sleep(0.001)
+        session.submit(_C["free"], 0, [987654])  # fails: stream 0 skips until the next sync
+        session.checkpoints.maybe()  # a checkpoint at this point of the order
+        assert session.checkpoints.task is not None
+        while session.checkpoints.task is not None:
+            await asyncio.sleep(0.001)
+        gpu.axpy(1.0, y, y)  # skipped, as the error's stream's work is until the next sync
+        with pytest.raises(gpuremote.RemoteCallError, match="unknown buffer handle"):
+            await gpu.synchronize()
+        np.testing.assert_array_equal(await y.get(), 1.0)

@@ -192,6 +192,7 @@ class FramedConnection(Connection):
         self._receiver_error: BaseException | None = None  # the receiver's own fault
         self._error: BaseException | None = None  # what ended the connection first
         self._closed = False
+        self._drainers: list[asyncio.Future[None]] = []  # drain() calls waiting
 
     @abc.abstractmethod
     def _closed_error(self) -> ConnectionClosed:
@@ -226,6 +227,14 @@ class FramedConnection(Connection):
             self._fail(exc)
             return False
         return True
+
+    def _wake_drainers(self) -> None:
+        """Wake every ``drain()``; each re-checks the connection (and raises if it is
+        closed)."""
+        drainers, self._drainers = self._drainers, []
+        for fut in drainers:
+            if not fut.done():
+                fut.set_result(None)
 
     def _tell_lost(self) -> None:
         """Tell the receiver, once, that the connection ended (and drop it: no cycle through

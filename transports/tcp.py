@@ -62,7 +62,7 @@ class _Protocol(asyncio.BufferedProtocol):
 
     def resume_writing(self) -> None:
         self.conn._write_paused = False
-        self.conn._wake_drainers(None)
+        self.conn._wake_drainers()
 
 
 class TcpConnection(FramedConnection):
@@ -88,7 +88,6 @@ class TcpConnection(FramedConnection):
         )
         self._transport: asyncio.Transport | None = None
         self._max_queued = max_queued_frames
-        self._drainers: list[asyncio.Future[None]] = []
         self._write_paused = False
         self._paused = False  # by the user (pause_reading)
         self._throttled = False  # by a full recv queue
@@ -170,13 +169,6 @@ class TcpConnection(FramedConnection):
             if not fut.done():
                 self._drainers.remove(fut)
 
-    def _wake_drainers(self, exc: BaseException | None) -> None:
-        """Wake every drain(); each re-checks the connection (and raises if it is closed)."""
-        drainers, self._drainers = self._drainers, []
-        for fut in drainers:
-            if not fut.done():
-                fut.set_result(None)
-
     @property
     def pending_bytes(self) -> int:
         t = self._transport
@@ -249,7 +241,7 @@ class TcpConnection(FramedConnection):
 
     def _finish(self) -> None:
         self._inbox.wake()
-        self._wake_drainers(ConnectionClosed(self._why()))
+        self._wake_drainers()
         self._tell_lost()
 
 

@@ -386,7 +386,6 @@ class UcxConnection(FramedConnection):
         self._paused = False
         self._resume: Callable[[], None] | None = None  # the read to post when resumed
         self._sending = 0  # bytes handed to UCX and not yet sent
-        self._drainers: list[asyncio.Future[None]] = []
         self._keep: dict[int, Any] = {}  # buffers of sends in flight
         self._fast_ep: Any = None  # the worker-address endpoint, once the hello chose it
         self._my_tag: Any = None
@@ -682,12 +681,6 @@ class UcxConnection(FramedConnection):
             await fut
         if self._closed:
             raise self._closed_error()
-
-    def _wake_drainers(self) -> None:
-        drainers, self._drainers = self._drainers, []
-        for fut in drainers:
-            if not fut.done():
-                fut.set_result(None)
 
     @property
     def pending_bytes(self) -> int:

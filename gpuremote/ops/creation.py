@@ -8,17 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ._base import (
-    INT64,
-    Meta,
-    OpError,
-    OpList,
-    Params,
-    dtype_param,
-    method,
-    promote,
-    shape_param,
-)
+from ._base import INT64, Meta, OpError, OpList, Params, dtype_param, method, promote, shape_param
 
 __all__ = ["OPS"]
 

@@ -4,13 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ._base import (
-    Meta,
-    OpError,
-    OpList,
-    Params,
-    dtype_param,
-)
+from ._base import Meta, OpError, OpList, Params, dtype_param
 
 __all__ = ["OPS"]
 

@@ -5,14 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._base import (
-    BOOL,
-    Meta,
-    OpList,
-    Params,
-    check,
-    method,
-)
+from ._base import BOOL, Meta, OpList, Params, check, method
 
 __all__ = ["OPS"]
 

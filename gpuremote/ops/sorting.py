@@ -4,16 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ._base import (
-    INT64,
-    Meta,
-    OpError,
-    OpList,
-    Params,
-    check,
-    method,
-    one_axis,
-)
+from ._base import INT64, Meta, OpError, OpList, Params, check, method, one_axis
 
 __all__ = ["OPS"]
 

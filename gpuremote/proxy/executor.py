@@ -4,7 +4,10 @@ It runs each batch of decoded commands in order on the session's state (its hand
 ``gpuremote.proxy.state``), each by its call's handler (``gpuremote.proxy.handlers``), and
 answers the commands that need a reply. A failing ASYNC command becomes a deferred error:
 later work on its stream is skipped, and the error is the answer to the session's next SYNC
-command, after which the session goes on normally.
+command, after which the session goes on normally. A command marked ``OWN`` is the client's
+own (a failover checkpoint's): it runs even on a stream whose work is skipped, its failure is
+its answer (never deferred), and it leaves a deferred error of the application's, and what
+that error skips, to the application's next synchronising call.
 """
 
 from __future__ import annotations
@@ -69,10 +72,11 @@ class Executor(SessionState):
             spec = cmd.spec
             sync = spec.sync
             counts[spec.kind] += 1
-            if sync and self.pending:
+            own = cmd.own  # the client's own call: the application's error stays
+            if sync and self.pending and not own:
                 replies.append(Reply(cmd.seq, False, self._take_deferred()))
                 continue
-            if cmd.stream in self.poisoned and spec.on_stream:
+            if cmd.stream in self.poisoned and spec.on_stream and not own:
                 self._skip(cmd, replies)
                 continue
             try:
@@ -92,7 +96,7 @@ class Executor(SessionState):
                     op, exc = exc.op, exc.cause
                 kind = "CallFailed" if isinstance(exc, StepError) else type(exc).__name__
                 message = str(exc) or kind
-                self._fail(cmd.seq, spec.name, op, kind, message, sync, replies, cmd)
+                self._fail(cmd.seq, spec.name, op, kind, message, sync or own, replies, cmd)
                 continue
             if sync or cmd.ack:
                 replies.append(Reply(cmd.seq, True, value))

@@ -39,6 +39,7 @@ from ..wire.limits import MAX_LIST, WIRE_INT_MAX, WIRE_INT_MIN
 from ..wire.protocol import (
     FATAL,
     NOTICE,
+    OWN,
     REPLY,
     check_encodable,
     decode_message,
@@ -193,7 +194,7 @@ class ClientSession:
 
     # -- submitting ------------------------------------------------------------------------
     def _command(
-        self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None, ack: bool
+        self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None, ack: int
     ) -> list[Any]:
         if spec.value_args:
             _check_values(spec, args)
@@ -321,6 +322,28 @@ class ClientSession:
         if self.recorder is not None:
             self.recorder.refuse(f"{spec.name} (host data sent to the device)")
         await self.wait(self.start_ack(spec, stream, args, buffer), spec.name)
+
+    def start_own_call(
+        self, spec: CallSpec, stream: int, args: list[Any], *, now: bool = True
+    ) -> asyncio.Future[Reply]:
+        """A call of the client's own (a failover checkpoint's copy, read or
+        synchronisation), sent now; the future of its answer (an ASYNC call's is ``None``
+        once it has run). It runs even on a stream whose work is skipped, its failure is its
+        answer, and an error of the application's stays pending for the application's next
+        synchronising call (and so does what that error skips). ``now=False``: sent with the
+        next frame."""
+        self.check_open()
+        self.counters.calls[spec.kind] += 1
+        if self._to_free:
+            self._queue_frees()
+        cmd = self._command(spec, stream, args, None, ack=OWN)
+        if now or not self.config.async_calls:
+            return self._send_awaited(cmd)
+        fut: asyncio.Future[Reply] = self._loop.create_future()
+        self._pending[cmd[0]] = fut
+        self._batch.commands.append(cmd)
+        self.flush_soon()
+        return fut
 
     def start_ack(
         self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None = None

@@ -44,6 +44,7 @@ __all__ = [
     "FATAL",
     "GREETING",
     "NOTICE",
+    "OWN",
     "PROTOCOL_VERSION",
     "REPLY",
     "REQUEST",
@@ -75,6 +76,9 @@ PROTOCOL_VERSION = 1
 
 REQUEST, REPLY, FATAL, NOTICE, GREETING = 1, 2, 3, 4, 5
 STATUS_OK, STATUS_ERROR = 0, 1
+#: a command's last item, besides ``True`` (answer this ASYNC call once it has run): a call
+#: of the client's own, answered as it is (``Command.own``)
+OWN = 2
 
 
 #: dtypes that may cross the wire, by name
@@ -122,7 +126,11 @@ class Command(NamedTuple):
     spec: CallSpec
     stream: int
     args: tuple[Any, ...]
-    ack: bool  # reply even though the call is ASYNC
+    ack: bool  # reply even though the call is ASYNC (once it has run)
+    #: a call of the client's own (a failover checkpoint's, sent with ``OWN``): answered as
+    #: it is (never skipped, never deferred), leaving the application's deferred error to
+    #: the application's next SYNC call
+    own: bool = False
 
 
 class ErrorInfo(NamedTuple):
@@ -321,7 +329,8 @@ def decode_request(
             nargs = entry[1]
             if type(args) is not list or len(args) != nargs:
                 raise BadCommand(f"{spec.name} takes {nargs} arguments")
-            out.append(Command(seq, spec, stream, entry[2](args, ctx), ack is True))
+            own = ack == OWN and type(ack) is int
+            out.append(Command(seq, spec, stream, entry[2](args, ctx), ack is True or own, own))
         except BadCommand as exc:
             out.append(BadCommandAt(seq, spec.name if spec else f"opcode {opcode!r}", str(exc)))
     return out

@@ -25,9 +25,12 @@ def stream_synchronize(s: SessionState, ctx: BatchContext) -> None:
     s.backend.synchronize(ctx.stream)
 
 
-def device_synchronize(s: SessionState, ctx: BatchContext) -> None:
+def device_synchronize(s: SessionState, ctx: BatchContext) -> bool:
+    """Wait for every stream; answers whether an error of the application's is pending (only
+    the client's own synchronisation finds one: the application's takes it instead)."""
     for stream in s.streams.values():
         s.backend.synchronize(stream)
+    return bool(s.pending)
 
 
 def event_create(s: SessionState, ctx: BatchContext, handle: int) -> None:

@@ -19,13 +19,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 from ...errors import (
     GpuRemoteError,
-    LocalProtocolError,
     PeerNotAllowed,
     PeerUnreachable,
     RemoteCallError,
@@ -70,9 +68,7 @@ class Owner(Protocol):
     counters: FailoverCounters
     ledger: Ledger
     standby: Standby
-    stash: deque[BaseException]
 
-    def taken(self, error: RemoteCallError, at: int) -> None: ...
     def copy_handle(self) -> int: ...
     def flush_released(self, scheduled: bool = False) -> None: ...
 
@@ -171,14 +167,11 @@ class _Checkpoint:
         for f in calls:
             f.add_done_callback(quiet)
         try:
-            await sync
-        except RemoteCallError as exc:
-            if not exc.deferred:
-                return
-            owner.taken(exc, snap.upto)  # the application's error: raised at its next sync,
-            # once; the copies came after it and went on
+            pending, _ = await sync
         except GpuRemoteError:
             return
+        if pending:  # an error of the application's is pending (its next synchronising call
+            return  # takes it, and what it skipped stays skipped): the next checkpoint
         replies = await asyncio.gather(*calls, return_exceptions=True)
         if self._epoch != owner.epoch:
             return
@@ -201,9 +194,9 @@ class _Checkpoint:
         self,
     ) -> tuple[Snapshot, list[int], asyncio.Future[Any], list[asyncio.Future[Any]]] | None:
         """Fix the checkpoint's point and send, at that point of the session's order, a
-        synchronisation (which takes an error the application has pending), then the reads
-        (to the client) or the exports (to the standby), or copies aside and a
-        synchronisation of their own."""
+        synchronisation, then the reads (to the client) or the exports (to the standby), or
+        copies aside and a synchronisation of their own: the client's own calls, which
+        leave an error the application has pending to its next synchronising call."""
         owner, inner, standby = self._owner, self._inner, self._standby
         checkpoints = self._checkpoints
         checkpoints.snapshotting = True  # a finalizer's free now goes after this point
@@ -212,21 +205,19 @@ class _Checkpoint:
             snap = self._snap = owner.ledger.snapshot()
             move = owner.ledger.to_copy(snap)
             live = snap.live
-            sync = inner.start_call(_SYNC, 0, [])
+            sync = inner.start_own_call(_SYNC, 0, [])
             if standby is None:
-                calls = [inner.start_call(_D2H, 0, [u8(h, live[h])]) for h in move]
+                calls = [inner.start_own_call(_D2H, 0, [u8(h, live[h])]) for h in move]
             elif len(move) <= MAX_TICKETS_PER_SESSION:
-                calls = [inner.start_call(_EXPORT, 0, [u8(h, live[h])]) for h in move]
-            else:
+                calls = [inner.start_own_call(_EXPORT, 0, [u8(h, live[h])]) for h in move]
+            else:  # the copies aside, each answered (a failure is the checkpoint's alone)
+                calls = []
                 for h in move:
-                    a = owner.copy_handle()
-                    inner.submit(_ALLOC, 0, [a, live[h]])
-                    inner.submit(_D2D, 0, [u8(a, live[h]), u8(h, live[h])])
+                    a, n = owner.copy_handle(), live[h]
+                    calls.append(inner.start_own_call(_ALLOC, 0, [a, n], now=False))
+                    calls.append(inner.start_own_call(_D2D, 0, [u8(a, n), u8(h, n)], now=False))
                     self._aside.append(a)
-                calls = [inner.start_call(_SYNC, 0, [])]
-        except LocalProtocolError as exc:  # the application's unsent call: its error
-            owner.stash.append(exc)
-            return None
+                calls.append(inner.start_own_call(_SYNC, 0, []))  # all in this frame
         except GpuRemoteError:
             return None
         finally:
@@ -261,10 +252,11 @@ class _Checkpoint:
 
     async def _aside_done(self, move: list[int], replies: Sequence[Any]) -> bool:
         """The copies set aside are made: export and import them in waves."""
-        if isinstance(replies[0], BaseException):
+        failed = [r for r in replies if isinstance(r, BaseException)]
+        if failed:
             # a copy aside failed (the session's memory limit, or a buffer the proxy lacks):
             # the next checkpoint reads through the client, which finds out
-            log.info("failover: a checkpoint's copies aside failed (%s)", replies[0])
+            log.info("failover: a checkpoint's copies aside failed (%s)", failed[0])
             self._checkpoints.through_client()
             aside, self._aside = self._aside, []
             await self._free_aside(aside)
@@ -278,26 +270,20 @@ class _Checkpoint:
         owner, inner, live = self._owner, self._inner, self._snap.live
         wave_size = MAX_TICKETS_PER_SESSION
         for i in range(0, len(move), wave_size):
-            at = len(owner.ledger.journal)
             wave = list(zip(move[i : i + wave_size], self._aside[i : i + wave_size], strict=True))
             try:
-                futs = [inner.start_call(_EXPORT, 0, [u8(a, live[h])]) for h, a in wave]
+                futs = [inner.start_own_call(_EXPORT, 0, [u8(a, live[h])]) for h, a in wave]
             except GpuRemoteError:
                 return False
             replies = await asyncio.gather(*futs, return_exceptions=True)
             if self._epoch != owner.epoch:
                 return False
-            ok = True
+            failed = [r for r in replies if isinstance(r, BaseException)]
             for (h, _), r in zip(wave, replies, strict=True):
                 if not isinstance(r, BaseException):
                     self._unread[r[0]] = live[h]
-                    continue
-                ok = False
-                if isinstance(r, RemoteCallError) and r.deferred:  # the application's error,
-                    owner.taken(r, at)  # taken here (this export did not run)
-                else:
-                    log.info("failover: a checkpoint did not complete (%s)", r)
-            if not ok:
+            if failed:
+                log.info("failover: a checkpoint did not complete (%s)", failed[0])
                 return False
             done = [(h, r) for (h, _), r in zip(wave, replies, strict=True)]
             if not await self._to_standby(self._standby, done):
@@ -386,18 +372,15 @@ class _Checkpoint:
 
     async def _free_aside(self, aside: list[int]) -> None:
         """Free the copies set aside that were made (a zero-byte read of each tells)."""
-        owner, inner = self._owner, self._inner
-        at = len(owner.ledger.journal)
+        inner = self._inner
         try:
-            probes = [inner.start_call(_D2H, 0, [[a, 0, [0], "uint8"]]) for a in aside]
+            probes = [inner.start_own_call(_D2H, 0, [[a, 0, [0], "uint8"]]) for a in aside]
         except GpuRemoteError:
             return
         replies = await asyncio.gather(*probes, return_exceptions=True)
         for a, r in zip(aside, replies, strict=True):
             if not isinstance(r, BaseException):
                 inner.defer_free(a)
-            elif isinstance(r, RemoteCallError) and r.deferred:  # the application's error:
-                owner.taken(r, at)  # raised at its next sync (that copy, if made, stays)
         if not inner.closed:
             inner.flush_soon()
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import msgpack
 
-from ...wire.calls import BUFFER, CALLS, CALLS_BY_NAME, CALLS_BY_OPCODE, Arg, CallSpec, Resource
+from ...wire.calls import BUFFER, CALLS, CALLS_BY_OPCODE, Arg, CallSpec, Resource
 from ...wire.protocol import DTYPES
 
 __all__ = [
@@ -41,7 +41,6 @@ __all__ = [
     "unpack",
 ]
 
-_SYNC = CALLS_BY_NAME["device_synchronize"]
 #: SYNC calls that make buffers whose sizes their answer gives (``launch_dynamic``)
 SIZED_BY_ANSWER = frozenset(
     c.name for c in CALLS if c.sync and any(r is Resource.BUFFER for _, r in c.creates)
@@ -237,13 +236,6 @@ class Ledger:
             entry.deferred = True  # re-issued as a synchronisation: it may have taken an
             # error that nobody saw, as it would again
         entry.done = True
-
-    def mark_taken(self, at: int) -> None:
-        """A synchronisation of the session's own took a deferred error at journal position
-        ``at``: journal it there, so that a re-issue clears the error at the same point."""
-        marker = Answered(_SYNC, 0, [], None, False)
-        marker.done = marker.deferred = True
-        self.journal.insert(at, marker)
 
     def full(self, max_calls: int, max_bytes: int) -> bool:
         """Whether the journal holds ``max_calls`` calls or ``max_bytes`` of host data."""

@@ -61,7 +61,6 @@ class Owner(Protocol):
 
     async def open(self, url: str, extra: dict[str, Any]) -> tuple[ClientSession, Any]: ...
     def hook(self, session: ClientSession) -> None: ...
-    def taken(self, error: RemoteCallError, at: int) -> None: ...
     def outer(self, entry: Answered) -> asyncio.Future[Any]: ...
     def chain(self, entry: Answered, fut: asyncio.Future[Any]) -> None: ...
 
@@ -186,19 +185,15 @@ class Move:
         t2 = time.perf_counter()
         move["restore_s"] = t2 - t1
         move["replayed_calls"] = self._replay(session)
-        at = len(owner.ledger.journal)
-        probe = session.start_call(_SYNC, 0, [])
+        probe = session.start_own_call(_SYNC, 0, [])  # an error of a re-issued call that
+        # was not raised yet stays for the application's next synchronising call
         owner.inner, owner.moving = session, None  # from here on, calls go to it (after the
         # journal)
         owner.url = move["to"] = session.url
         if not any(m is move for m in owner.moves):  # moved (counted once, even if retried)
             owner.moves.append(move)
             owner.counters.failovers += 1
-        try:
-            await self._answer(session, probe)
-        except RemoteCallError as exc:
-            if exc.deferred:  # an error of a re-issued call, not yet raised: raised next
-                owner.taken(exc, at)
+        await self._answer(session, probe)
         t3 = time.perf_counter()
         move["replay_s"] = t3 - t2
         move["pause_s"] = t3 - detected

@@ -19,7 +19,6 @@ from ...errors import (
     FailoverError,
     GpuRemoteError,
     LocalProtocolError,
-    RemoteCallError,
     RemoteProtocolError,
 )
 from ...wire.calls import CALLS_BY_NAME, CallSpec
@@ -100,13 +99,6 @@ class FailoverSession:
         return await open_session(
             url, pipeline=self.config, limits=self._limits, **{**self._options, **extra}
         )
-
-    def taken(self, error: RemoteCallError, at: int) -> None:
-        """A synchronisation of this session's own took the application's deferred
-        ``error`` at journal position ``at``: it is raised at the application's next
-        synchronising call, and a re-issue clears it at the same point."""
-        self.ledger.mark_taken(at)
-        self.stash.append(error)
 
     def outer(self, entry: Answered) -> asyncio.Future[Any]:
         """The future that ``entry``'s answer after a move goes to (made on first use)."""
