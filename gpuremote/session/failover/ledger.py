@@ -359,8 +359,11 @@ def _creates_outputs(ledger: Ledger, spec: CallSpec, args: list[Any], i: int, *_
     live, dirty = ledger.live, ledger.dirty
     for w in args[i]:  # new outputs: each at the start of its new buffer
         h = w[0]
-        if w[1] == 0 and h not in live:
-            live[h] = nbytes(w)
+        if w[1] == 0 and h not in live:  # (``nbytes``, inline: the common call's path)
+            n = DTYPES[w[3]].itemsize
+            for d in w[2]:
+                n *= d
+            live[h] = n
         dirty.add(h)
 
 
