@@ -156,7 +156,7 @@ class ClientSession:
         self._free_bytes = 0  # about what the handles in _to_free hold (a flush trigger)
         self._one_by_one = _OneByOne(self)  # with async_calls off
         self._error: BaseException | None = None
-        self._unsent: deque[LocalProtocolError] = deque()  # ASYNC calls that were not sent
+        self._unsent = _Unsent()  # ASYNC calls that could not be sent
         self._closing = False
         #: the step being captured (``gpuremote.core.capture``): calls that wait are refused
         self.recorder: Recorder | None = None
@@ -272,9 +272,9 @@ class ClientSession:
         self.check_open()
         if self.recorder is not None:
             self.recorder.refuse(f"{spec.name} (it waits for the device's answer)")
-        if self._unsent:  # an earlier ASYNC call could not be sent: raised here, once
+        if self._unsent.errors:  # an earlier ASYNC call could not be sent: raised here, once
             self._flush_now()
-            raise self._unsent.popleft()
+            raise self._unsent.errors.popleft()
         self.counters.calls["sync"] += 1
         if self._to_free:
             self._queue_frees()
@@ -431,45 +431,14 @@ class ClientSession:
         try:
             frame = batch.encode(self.counters.calls["local"])
         except (OverflowError, TypeError, ValueError):
-            self._drop_unsendable()  # a call the checks let through: it fails alone
+            batch.commands = self._unsent.drop(batch.commands, self._pending)  # a call the
+            # checks let through: it fails alone
             if not batch.commands:
                 self._batch = _Batch()
                 return
             frame = batch.encode(self.counters.calls["local"])
         self._batch = _Batch()
         self._send(frame)
-
-    def _drop_unsendable(self) -> None:
-        """Take the calls that cannot be encoded out of the batch: a SYNC call raises at once,
-        an ASYNC one at the next synchronising call (as a deferred error would)."""
-        keep = []
-        for cmd in self._batch.commands:
-            try:
-                check_encodable(cmd)
-            except (OverflowError, TypeError, ValueError) as exc:
-                self._not_sent(cmd, exc, self._pending.pop(cmd[0], None))
-                continue
-            if CALLS_BY_OPCODE[cmd[1]].sync and self._unsent:  # the next sync point: it
-                fut = self._pending.pop(cmd[0], None)  # raises instead of running
-                if fut is not None:
-                    fut.set_exception(self._unsent.popleft())
-                    continue
-            keep.append(cmd)
-        self._batch.commands = keep
-
-    def _not_sent(
-        self, cmd: list[Any], exc: Exception, awaited: asyncio.Future[Reply] | None
-    ) -> None:
-        """``cmd`` cannot be encoded (``exc``): it fails alone, at once if its caller waits
-        for it (``awaited``), else at the next synchronising call."""
-        err = LocalProtocolError(
-            f"call #{cmd[0]} {CALLS_BY_OPCODE[cmd[1]].name} was not sent: an argument cannot "
-            f"be encoded ({type(exc).__name__}: {exc})"
-        )
-        if awaited is not None:
-            awaited.set_exception(err)
-        else:
-            self._unsent.append(err)
 
     def _send(self, frame: Frame) -> None:
         try:
@@ -552,6 +521,47 @@ class ClientSession:
             self.fail(ConnectionClosed("the session was closed"))
 
 
+class _Unsent:
+    """Calls that could not be encoded (the checks let them through): each fails alone, a
+    SYNC call at once, an ASYNC one at the next synchronising call (as a deferred error
+    would)."""
+
+    def __init__(self) -> None:
+        self.errors: deque[LocalProtocolError] = deque()  # for the next synchronising calls
+
+    def fail(self, cmd: list[Any], exc: Exception, awaited: asyncio.Future[Reply] | None) -> None:
+        """``cmd`` cannot be encoded (``exc``): at once if its caller waits for it
+        (``awaited``), else at the next synchronising call."""
+        err = LocalProtocolError(
+            f"call #{cmd[0]} {CALLS_BY_OPCODE[cmd[1]].name} was not sent: an argument cannot "
+            f"be encoded ({type(exc).__name__}: {exc})"
+        )
+        if awaited is not None:
+            awaited.set_exception(err)
+        else:
+            self.errors.append(err)
+
+    def drop(
+        self, commands: list[list[Any]], pending: dict[int, asyncio.Future[Reply]]
+    ) -> list[list[Any]]:
+        """``commands`` without those that cannot be encoded (each fails), and without the
+        next synchronising call, where one failed before it (it raises that error)."""
+        keep = []
+        for cmd in commands:
+            try:
+                check_encodable(cmd)
+            except (OverflowError, TypeError, ValueError) as exc:
+                self.fail(cmd, exc, pending.pop(cmd[0], None))
+                continue
+            if CALLS_BY_OPCODE[cmd[1]].sync and self.errors:  # the next sync point: it
+                fut = pending.pop(cmd[0], None)  # raises instead of running
+                if fut is not None:
+                    fut.set_exception(self.errors.popleft())
+                    continue
+            keep.append(cmd)
+        return keep
+
+
 class _OneByOne:
     """With ``async_calls`` off: each call in a frame of its own, sent once the one before it
     is answered (one round trip per call, strictly in order)."""
@@ -577,7 +587,7 @@ class _OneByOne:
                 frame = _encode_request([cmd], bufs, arrays, s.counters.calls["local"])
             except (OverflowError, TypeError, ValueError) as exc:  # this call fails alone
                 del s._pending[cmd[0]]
-                s._not_sent(cmd, exc, fut if awaited else None)
+                s._unsent.fail(cmd, exc, fut if awaited else None)
                 continue
             self._frames.append((frame, fut))
         if self._task is None or self._task.done():
