@@ -442,6 +442,7 @@ async def test_a_checkpoint_leaves_the_applications_error_and_what_it_skips(
         await gpu.synchronize()
         while session.checkpoints.task is not None:  # the first checkpoint, done
             await asyncio.sleep(0.001)
+        await asyncio.sleep(0.01)  # the interval gone by: the next one is due
         session.submit(_C["free"], 0, [987654])  # fails: stream 0 skips until the next sync
         session.checkpoints.maybe()  # a checkpoint at this point of the order
         assert session.checkpoints.task is not None
