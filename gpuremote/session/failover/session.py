@@ -153,11 +153,8 @@ class FailoverSession:
                 if not _is_loss(exc):
                     raise
         ledger.journal_call(packed, buffer)
-        cfg = self.failover  # (``Ledger.full``, inline: the common call's path)
-        if (
-            len(ledger.journal) >= cfg.journal_max_calls
-            or ledger.journal_bytes >= cfg.journal_max_bytes
-        ):
+        cfg = self.failover
+        if ledger.full(cfg.journal_max_calls, cfg.journal_max_bytes):
             ledger.checkpoint_due = True
             self.checkpoints.maybe()
 
