@@ -471,6 +471,20 @@ _OPS_OPTIONS = (
     _option("--warmup", type=int, default=300, help="uncounted iterations per case"),
     _option("--cases", default=None, help="comma-separated subset (default: every case)"),
     _option(
+        "--workload",
+        default="",
+        help="PyTorch workloads instead of the cases: resnet18, bert, gpt2 (comma-separated); "
+        "each trained eager, remote beside local (needs the [torch] extra)",
+    ),
+    _option(
+        "--size",
+        choices=("small", "real"),
+        default="small",
+        help="the workloads' sizes: small configurations, or the paper's (ResNet-18 on "
+        "224x224, BERT-base, GPT-2-small shapes)",
+    ),
+    _option("--workload-steps", type=int, default=5, help="training steps per round"),
+    _option(
         "--pin",
         choices=("none", "same", "split"),
         default="none",

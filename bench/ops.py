@@ -84,6 +84,11 @@ class OpsConfig(TargetOptions):
     steps: int = 20  # transformer steps per round
     warmup: int = 300
     cases: tuple[str, ...] = CASES
+    #: PyTorch workloads (``resnet18,bert,gpt2``): run those instead of the cases
+    #: (``gpuremote.bench.torch_ops``), ``workload_steps`` steps per round, at ``size``
+    workload: str = ""
+    size: str = "small"
+    workload_steps: int = 5
     #: where the two processes run: "none" (the scheduler decides), "same" (one CPU for
     #: both: a round trip is two context switches) or "split" (a CPU each: a round trip is
     #: two cross-CPU wake-ups). The floor differs by ~3x between the two on a small VM.
@@ -198,6 +203,19 @@ async def run_ops(
     cfg: OpsConfig, report: Callable[[dict[str, Any]], None] = lambda s: None
 ) -> dict[str, Any]:
     """Run the bench; returns the JSON result."""
+    if cfg.workload:
+        from .torch_ops import run_torch_ops
+
+        return await run_torch_ops(
+            cfg.workload.split(","),
+            size=cfg.size,
+            steps=cfg.workload_steps,
+            rounds=cfg.rounds,
+            url=cfg.url,
+            transport=cfg.transport,
+            backend=cfg.backend,
+            report=report,
+        )
     unknown = set(cfg.cases) - set(ALL_CASES)
     if unknown:
         raise ValueError(f"unknown case(s) {sorted(unknown)}; known: {', '.join(ALL_CASES)}")

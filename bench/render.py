@@ -162,8 +162,45 @@ def _or_dash(v: float | None, fmt: str = ",.1f") -> str:
     return "-" if v is None else format(v, fmt)
 
 
+def torch_ops_view(state: dict[str, Any]) -> RenderableType:
+    """``bench ops --workload``: each PyTorch workload's step, remote beside local."""
+    return result_table(
+        f"gpuremote bench ops: PyTorch training steps ({state['size']} sizes), "
+        f"{state['url']} ({state['transport']})",
+        (
+            "workload",
+            "local ms",
+            "remote ms",
+            "ratio",
+            "client CPU ms",
+            "proxy CPU ms",
+            "calls",
+            "CPU µs/call",
+            "frames",
+            "round trips",
+        ),
+        [
+            (
+                w["name"],
+                _or_dash(w["local_step_ms"], ".1f"),
+                _or_dash(w["remote_step_ms"], ".1f"),
+                f"{_or_dash(w['remote_over_local'], '.2f')}x",
+                _or_dash(w["client_cpu_ms"], ".1f"),
+                _or_dash(w["proxy_cpu_ms"], ".1f"),
+                f"{w['aten_calls_per_step']:.0f}",
+                _or_dash(w["client_cpu_per_call_us"], ".1f"),
+                f"{w['frames_per_step']:.1f}",
+                f"{w['round_trips_per_step']:.1f}",
+            )
+            for w in state["workloads"]
+        ],
+    )
+
+
 def ops_view(state: dict[str, Any]) -> RenderableType:
     """``bench ops``: each case beside the bare echo (per operation), as the rounds come in."""
+    if "workloads" in state:
+        return torch_ops_view(state)
     rows = []
     echo = state.get("echo")
     if echo is not None:

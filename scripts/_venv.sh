@@ -10,6 +10,12 @@ if [ ! -x .venv/bin/python ]; then
     fi
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
+# exact versions first (PREINSTALL): torch==2.13.0 is the CPU build here; an extra's range
+# alone could pull a multi-GB CUDA build
+if [ -n "${PREINSTALL:-}" ]; then
+    # shellcheck disable=SC2086
+    .venv/bin/python -m pip install --quiet $PREINSTALL
+fi
 if [ -n "${EXTRAS:-}" ]; then
     .venv/bin/python -m pip install --quiet -e ".[$EXTRAS]"
 else

@@ -23,12 +23,13 @@ CHECKS=(
     "device|30|$bin/python -c 'import cupy; n = cupy.cuda.runtime.getDeviceCount(); p = cupy.cuda.runtime.getDeviceProperties(0); print(n, \"device(s):\", p[\"name\"].decode(), p[\"totalGlobalMem\"] >> 30, \"GiB\")'"
     "e2e-cupy|150|env GPUREMOTE_TEST_BACKENDS=cupy UCX_WARN_UNUSED_ENV_VARS=n $bin/python -m pytest -q -x -p no:randomly $E2E"
     "ucx-device-buffers|40|env UCX_WARN_UNUSED_ENV_VARS=n $bin/python -m pytest -q -x tests/test_ucx.py -k 'device or large'"
+    "torch-cupy|240|env GPUREMOTE_TEST_BACKENDS=cupy $bin/python -m pytest -q -x -p no:randomly tests/test_torch.py tests/test_torch_hostile.py"
     "demo|30|$bin/gpuremote demo --backend cupy"
     "bench-compare|50|env UCX_WARN_UNUSED_ENV_VARS=n $bin/gpuremote bench throughput --backend cupy --compare tcp,ucx --sizes 1m,64m,256m --json"
 )
 
 if [[ ${1:-} == --list ]]; then
-    echo "gpu_check would install .venv-gpu with the [test,cuda,ucx] extras, then run:"
+    echo "gpu_check would install .venv-gpu with the [test,cuda,ucx] extras and torch==2.13.0, then run:"
     for c in "${CHECKS[@]}"; do
         IFS='|' read -r name budget cmd <<<"$c"
         printf '  %-20s (<= %3s s)  %s\n' "$name" "$budget" "$cmd"
@@ -61,6 +62,12 @@ if ! $bin/python -m pip install --quiet -e ".[$extras]"; then
     echo "gpu_check summary:"
     echo "  FAIL  install: pip install -e .[$extras] failed"
     exit 1
+fi
+# PyTorch for the torch check: the exact version gpuremote.torch is tested with (on a GPU
+# machine its CUDA build; where it cannot be installed, the torch check fails and says so)
+if ! $bin/python -c "import torch" 2>/dev/null; then
+    $bin/python -m pip install --quiet "torch==2.13.0" \
+        || echo "gpu_check: torch==2.13.0 did not install: the torch check will fail" >&2
 fi
 echo "gpu_check: installed in $((SECONDS - t_start)) s"
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install gpuremote with its test tools into .venv, then lint, type-check and run the tests.
 set -euo pipefail
-EXTRAS="test,ray" source "$(dirname "$0")/_venv.sh"
+# torch: the exact version whose private backend APIs gpuremote.torch is tested with, first
+PREINSTALL="torch==2.13.0" EXTRAS="test,ray,torch" source "$(dirname "$0")/_venv.sh"
 # ucx:// (the [ucx] extra): its tests run where ucxx installs, and skip, with the reason, where not
 if ! .venv/bin/python -c "import ucxx" 2>/dev/null; then
     .venv/bin/python -m pip install --quiet -e ".[ucx]" \

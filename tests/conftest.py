@@ -9,6 +9,7 @@ only, since what it checks does not depend on the transport and the suite must s
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -25,6 +26,11 @@ from gpuremote.backends.numpy_backend import NumpyBackend
 from gpuremote.proxy import Proxy
 
 _names = itertools.count()
+
+# PyTorch's autograd engine sizes its device threads at its first backward pass: the
+# ``gpuremote`` device must exist by then, whichever test runs a backward pass first
+with contextlib.suppress(ImportError):  # without the [torch] extra, its tests skip
+    import gpuremote.torch
 
 
 def _ucx_missing() -> str | None:
@@ -121,6 +127,20 @@ def module_backend_scheme(request: pytest.FixtureRequest) -> tuple[str, str]:
 )
 def each_backend(request: pytest.FixtureRequest) -> str:
     """Each test backend (for end-to-end tests whose transport is fixed, e.g. tcp://)."""
+    return str(request.param)
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param(
+            b, id=b, marks=[pytest.mark.skip(reason=_NO_CUPY)] if b == "cupy" and _NO_CUPY else []
+        )
+        for b in wanted_backends()
+    ],
+)
+def module_each_backend(request: pytest.FixtureRequest) -> str:
+    """Each test backend, for a module's tests that share one proxy in this process."""
     return str(request.param)
 
 

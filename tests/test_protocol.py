@@ -16,6 +16,7 @@ from gpuremote.wire.framing import Frame, FrameLimits, frame_bytes, iter_frames
 from gpuremote.wire.protocol import (
     DTYPES,
     REQUEST,
+    TENSOR_DTYPES,
     ArrayDesc,
     BadCommand,
     BadCommandAt,
@@ -40,6 +41,25 @@ descs = st.builds(
     st.lists(st.integers(0, 64), max_size=4),
     st.sampled_from(sorted(DTYPES)),
 )
+tensors = st.lists(st.integers(0, 64), max_size=4).flatmap(
+    lambda sizes: st.builds(
+        lambda h, o, strides, dt: [h, o * TENSOR_DTYPES[dt], sizes, strides, dt],
+        handles,
+        st.integers(0, 1 << 30),
+        st.lists(st.integers(0, 1 << 20), min_size=len(sizes), max_size=len(sizes)),
+        st.sampled_from(sorted(TENSOR_DTYPES)),
+    )
+)
+aten_leaves = st.one_of(
+    st.integers(-(2**62), 2**62),
+    st.floats(allow_nan=False),
+    st.booleans(),
+    st.none(),
+    st.text(max_size=10),
+    st.builds(lambda i: {"t": i}, st.integers(0, 3)),
+    st.sampled_from([{"dtype": "float32"}, {"device": 0}, {"mf": "channels_last"}]),
+)
+aten_values = st.one_of(aten_leaves, st.lists(aten_leaves, max_size=3))
 scalars = st.one_of(
     st.integers(-(2**62), 2**62),
     st.floats(allow_nan=False),
@@ -75,6 +95,11 @@ def _value(kind: Arg, draw: Any, arrays: list[list[Any]]) -> Any:
         return draw(st.lists(st.integers(1, 1024), min_size=1, max_size=3))
     if kind is Arg.BUFFER:
         return 0
+    if kind is Arg.TENSORS:
+        return draw(st.lists(tensors, max_size=3))
+    if kind is Arg.ATEN_ARGS:
+        args = draw(st.lists(aten_values, max_size=4))
+        return [args, draw(st.dictionaries(st.text(max_size=8), aten_values, max_size=3))]
     if kind is Arg.STEP:  # a step of n launches of x -> a new buffer each, on its own table
         n = draw(st.integers(1, 3))
         table = [[1, 0, [4], "float32"], *([h, 0, [4], "float32"] for h in range(2, n + 2))]
@@ -112,6 +137,10 @@ def test_every_command_kind_round_trips(batch: Any) -> None:
             elif kind is Arg.KERNEL_ARGS:
                 assert len(got) == len(sent)
             elif kind in (Arg.DIMS, Arg.HANDLES):
+                assert list(got) == sent
+            elif kind is Arg.TENSORS:
+                assert [d.encode() for d in got] == sent
+            elif kind is Arg.ATEN_ARGS:
                 assert list(got) == sent
             elif kind is Arg.STEP:
                 assert [d.encode() for d in got.slots] == [sent[0][0]]

@@ -166,6 +166,38 @@ class Backend(ReceivedMemory, abc.ABC):
         """A buffer (flat ``uint8``) holding ``array``'s data in C order (a copy if needed)."""
         return self.xp.ascontiguousarray(array).reshape(-1).view(self.xp.uint8)
 
+    # PyTorch (``gpuremote.proxy.aten``): torch is imported by the caller before these
+    def torch_device(self) -> Any:
+        """The torch device this backend's buffers live on."""
+        import torch
+
+        return torch.device("cpu")
+
+    def torch_buffer(self, buf: Any) -> Any:
+        """Buffer ``buf`` as a flat ``torch.uint8`` tensor sharing its memory."""
+        import torch
+
+        return torch.from_numpy(buf)
+
+    def adopt_torch(self, tensor: Any) -> Any:
+        """A buffer holding contiguous tensor ``tensor``'s bytes (its memory where it can)."""
+        import torch
+
+        return tensor.reshape(-1).view(torch.uint8).numpy()
+
+    def run_torch(
+        self,
+        job: Callable[[], Any],
+        reads: Sequence[Any],
+        writes: Sequence[Any],
+        stream: Any,
+        wait: bool = False,
+    ) -> Any:
+        """Run ``job`` (torch ops on views of buffers ``reads`` and ``writes``) in order on
+        ``stream``; returns its result (``wait``: the caller needs it on the host now)."""
+        self.synchronize(stream)
+        return job()
+
     # streams and events
     @abc.abstractmethod
     def create_stream(self) -> Any: ...

@@ -65,6 +65,38 @@ class CupyBackend(Backend):
         self._freed: deque[tuple[list[Any], list[Any]]] = deque()
         self._pool = cp.get_default_memory_pool()
 
+    # -- PyTorch: tensors as DLPack views of CuPy buffers, run on the session's stream ----
+    def torch_device(self) -> Any:
+        import torch
+
+        return torch.device("cuda", self._device.id)
+
+    def torch_buffer(self, buf: Any) -> Any:
+        import torch
+
+        return torch.from_dlpack(buf)
+
+    def adopt_torch(self, tensor: Any) -> Any:
+        import torch
+
+        return cp.from_dlpack(tensor.reshape(-1).view(torch.uint8))
+
+    def run_torch(
+        self,
+        job: Callable[[], Any],
+        reads: Sequence[Any],
+        writes: Sequence[Any],
+        stream: Any,
+        wait: bool = False,
+    ) -> Any:
+        import torch
+
+        with torch.cuda.stream(torch.cuda.ExternalStream(stream.ptr, device=self.torch_device())):
+            result = job()
+        if wait:
+            stream.synchronize()
+        return result
+
     def device_info(self) -> DeviceInfo:
         props = cp.cuda.runtime.getDeviceProperties(self._device.id)
         name = props["name"]

@@ -27,7 +27,7 @@ from __future__ import annotations
 import bisect
 import threading
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -464,6 +464,20 @@ class SimCheckBackend(SimBackend):
             self._work()
 
         stream.put(job)
+
+    def run_torch(
+        self,
+        job: Callable[[], Any],
+        reads: Sequence[Any],
+        writes: Sequence[Any],
+        stream: Any,
+        wait: bool = False,
+    ) -> Any:
+        # checked as a launch is (each buffer whole), then run in order on the stream
+        self.checker.access(stream.clock, reads, writes)
+        stream.wait()
+        self.checker.host_waited(stream.clock)
+        return job()
 
     # -- waiting ---------------------------------------------------------------------------
     def to_host(self, src: Any, stream: Any) -> np.ndarray[Any, Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 
+from ..wire.calls import CALLS_BY_NAME
 from ..wire.protocol import BadCommandAt, Command, ErrorInfo, Reply
 from .handlers import HANDLERS
 from .handlers.steps import make_results
@@ -66,7 +67,11 @@ class Executor(SessionState):
         last = len(commands) - 1
         for i, cmd in enumerate(commands):
             if type(cmd) is BadCommandAt:
-                self._fail(cmd.seq, cmd.call, None, "BadCommand", cmd.message, True, replies)
+                # answered now if the call waits (or is not a call at all), else at the
+                # next call that waits, as any failed ASYNC call is
+                spec = CALLS_BY_NAME.get(cmd.call)
+                sync = spec is None or spec.sync
+                self._fail(cmd.seq, cmd.call, None, "BadCommand", cmd.message, sync, replies)
                 continue
             assert type(cmd) is Command
             spec = cmd.spec

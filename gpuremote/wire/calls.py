@@ -65,6 +65,8 @@ class Arg(enum.Enum):
     BUFFER = "buffer"  # index of an out-of-band buffer of the frame
     HANDLES = "handles"  # list of handles
     STEP = "step"  # a recorded step: [arrays, commands, argument slots, result handles]
+    TENSORS = "tensors"  # list of strided tensors [handle, offset, sizes, strides, dtype]
+    ATEN_ARGS = "aten_args"  # an ATen op's [args, kwargs]; tensors as {"t": index}
 
 
 class Resource(enum.Enum):
@@ -112,8 +114,8 @@ class CallSpec:
     """One API call: its wire opcode (0 for LOCAL calls), class, arguments, and how it runs:
     ``on_stream`` (work queued on the call's stream: skipped after an earlier failure on that
     stream), ``admin`` (about the session, not the device), ``recordable`` (may be part of a
-    captured step). The other fields are derived from the arguments once, for the passes
-    that read them."""
+    captured step), ``random`` (uses the session's random generator). The other fields are
+    derived from the arguments once, for the passes that read them."""
 
     name: str
     opcode: int
@@ -123,6 +125,9 @@ class CallSpec:
     on_stream: bool = True
     admin: bool = False
     recordable: bool = False
+    #: draws from (or sets) the session's random generator on the proxy, whose state a
+    #: failover checkpoint then keeps (``aten_rng_get`` / ``aten_rng_set``)
+    random: bool = False
     #: ``klass.value`` and ``klass is SYNC``, kept as plain fields for the hot loops
     kind: str = field(init=False)
     sync: bool = field(init=False)
@@ -346,6 +351,60 @@ CALLS: tuple[CallSpec, ...] = (
         "run a recorded step on these argument arrays; its results become new buffers",
     ),
     CallSpec("step_free", 62, _A, _handle(_F, _STEP), "forget a recorded step", on_stream=False),
+    # -- PyTorch (``gpuremote.torch``; the proxy runs ATen with torch) ----------------------
+    CallSpec(
+        "aten",
+        70,
+        _A,
+        (
+            Param("op", Arg.NAME),
+            Param("tensors", Arg.TENSORS, _R | _W),  # in-place and out= ops write operands
+            Param("args", Arg.ATEN_ARGS),
+            Param("outputs", Arg.TENSORS, _C),
+        ),
+        "run an allow-listed ATen op on strided views of the session's buffers; each tensor "
+        "it returns that is not an operand fills a new buffer, as the client's metadata says",
+        random=True,
+    ),
+    CallSpec(
+        "aten_dynamic",
+        71,
+        _S,
+        (
+            Param("op", Arg.NAME),
+            Param("tensors", Arg.TENSORS, _R | _W),
+            Param("args", Arg.ATEN_ARGS),
+            Param("outputs", Arg.HANDLES, _C),
+        ),
+        "run an ATen op whose results depend on the data (shapes, scalars): each tensor it "
+        "returns becomes a new buffer under the given handles; returns the results' metadata",
+        random=True,
+    ),
+    CallSpec(
+        "aten_seed",
+        72,
+        _A,
+        (Param("seed", Arg.SIZE),),
+        "seed the session's random generator (``torch.manual_seed`` on the client)",
+        random=True,
+    ),
+    CallSpec(
+        "aten_rng_get",
+        73,
+        _S,
+        (),
+        "the state of the session's random generator (for a failover checkpoint)",
+        on_stream=False,
+    ),
+    CallSpec(
+        "aten_rng_set",
+        74,
+        _A,
+        (Param("state", Arg.TEXT),),
+        "set the session's random generator to a state ``aten_rng_get`` gave (hex)",
+        on_stream=False,
+        random=True,
+    ),
     # -- between proxies (``gpuremote.proxy.peers``) ------------------------------------------
     CallSpec(
         "peer_export",

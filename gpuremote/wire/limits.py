@@ -10,12 +10,14 @@ call it cannot send fails alone, at once, naming itself. Limits that an operator
 from __future__ import annotations
 
 __all__ = [
+    "MAX_ATEN_DEPTH",
     "MAX_HANDLE",
     "MAX_LIST",
     "MAX_NAME",
     "MAX_PARAMS",
     "MAX_PARAM_LIST",
     "MAX_SIZE",
+    "MAX_TENSORS",
     "MAX_TEXT",
     "MAX_TICKETS_PER_SESSION",
     "WIRE_INT_MAX",
@@ -33,6 +35,11 @@ MAX_TEXT = 1 << 20
 #: the longest list of arrays or handles in one argument (a call's inputs, the frees of one
 #: command, a step's arguments and results)
 MAX_LIST = 64
+#: the most tensor operands of one ATen op (``aten``): a ``_foreach_`` op of an optimizer
+#: takes a few lists of every parameter of a model
+MAX_TENSORS = 4096
+#: how deep an ATen op's arguments nest (its argument list, a list in it, a list in that)
+MAX_ATEN_DEPTH = 3
 #: the most entries of a launch's params
 MAX_PARAMS = 32
 #: the most ints in one list-valued param (an encoded index has four per item)

@@ -30,13 +30,17 @@ from ..errors import (
 from .calls import CALLS_BY_OPCODE, Arg, CallSpec
 from .framing import Frame, FrameLimits
 from .limits import (
+    MAX_ATEN_DEPTH,
     MAX_HANDLE,
     MAX_LIST,
     MAX_NAME,
     MAX_PARAM_LIST,
     MAX_PARAMS,
     MAX_SIZE,
+    MAX_TENSORS,
     MAX_TEXT,
+    WIRE_INT_MAX,
+    WIRE_INT_MIN,
 )
 
 __all__ = [
@@ -50,12 +54,14 @@ __all__ = [
     "REQUEST",
     "STATUS_ERROR",
     "STATUS_OK",
+    "TENSOR_DTYPES",
     "ArrayDesc",
     "BadCommand",
     "Command",
     "ErrorInfo",
     "Reply",
     "StepProgram",
+    "TensorDesc",
     "check_encodable",
     "decode_greeting",
     "decode_message",
@@ -117,6 +123,53 @@ class ArrayDesc(NamedTuple):
 
     def encode(self) -> list[Any]:
         return [self.handle, self.offset, list(self.shape), self.dtype.name]
+
+
+#: the dtypes a strided tensor (``TensorDesc``) may have, by torch's name: their item sizes
+TENSOR_DTYPES: dict[str, int] = {
+    "bool": 1,
+    "uint8": 1,
+    "int8": 1,
+    "int16": 2,
+    "int32": 4,
+    "int64": 8,
+    "uint16": 2,
+    "uint32": 4,
+    "uint64": 8,
+    "float16": 2,
+    "bfloat16": 2,
+    "float32": 4,
+    "float64": 8,
+    "complex64": 8,
+    "complex128": 16,
+}
+
+
+class TensorDesc(NamedTuple):
+    """A strided tensor in a device buffer (PyTorch's view of memory): element ``(i, j, ...)``
+    lies at ``offset + (i * strides[0] + j * strides[1] + ...) * itemsize`` bytes into buffer
+    ``handle``; ``dtype`` is torch's name of its type."""
+
+    handle: int
+    offset: int
+    sizes: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: str
+
+    @property
+    def extent(self) -> int:
+        """The end, in bytes into the buffer, of the last byte the tensor reaches (its
+        offset when it has no elements)."""
+        itemsize = TENSOR_DTYPES[self.dtype]
+        last = 0
+        for n, st in zip(self.sizes, self.strides, strict=True):
+            if n == 0:
+                return self.offset
+            last += (n - 1) * st
+        return self.offset + (last + 1) * itemsize
+
+    def encode(self) -> list[Any]:
+        return [self.handle, self.offset, list(self.sizes), list(self.strides), self.dtype]
 
 
 class Command(NamedTuple):
@@ -471,6 +524,95 @@ def _check_params(v: Any, name: str, ctx: DecodeContext) -> dict[str, Any]:
     return v
 
 
+def check_tensor(v: Any, name: str, lim: FrameLimits) -> TensorDesc:
+    """Check a strided tensor ``[handle, offset, sizes, strides, dtype]``: exact types, sizes
+    and strides non-negative, the offset a whole number of items (every field, every time)."""
+    if type(v) is not list or len(v) != 5:
+        raise BadCommand(
+            f"argument {name!r} must be a tensor [handle, offset, sizes, strides, dtype]"
+        )
+    handle, offset, sizes, strides, dtype = v
+    _int(handle, f"{name}.handle", 0, MAX_HANDLE)
+    _int(offset, f"{name}.offset", 0, MAX_SIZE)
+    itemsize = TENSOR_DTYPES.get(dtype) if type(dtype) is str else None
+    if itemsize is None:
+        raise BadCommand(f"argument {name!r}: unsupported dtype {dtype!r:.40}")
+    if offset % itemsize:
+        raise BadCommand(f"argument {name!r}: offset {offset} is not a multiple of {itemsize}")
+    if type(sizes) is not list or type(strides) is not list or len(sizes) != len(strides):
+        raise BadCommand(f"argument {name!r}: sizes and strides must be lists of one length")
+    if len(sizes) > lim.max_ndim:
+        raise BadCommand(
+            f"argument {name!r} has {len(sizes)} dimensions; the limit is {lim.max_ndim}"
+        )
+    for d in sizes:
+        _int(d, f"{name}.sizes", 0, MAX_SIZE)
+    for d in strides:
+        _int(d, f"{name}.strides", 0, MAX_SIZE)
+    desc = TensorDesc(handle, offset, tuple(sizes), tuple(strides), dtype)
+    if desc.extent > MAX_SIZE:
+        raise BadCommand(f"argument {name!r} is too large")
+    return desc
+
+
+def _check_tensors(v: Any, name: str, ctx: DecodeContext) -> tuple[TensorDesc, ...]:
+    if type(v) is not list or len(v) > MAX_TENSORS:
+        raise BadCommand(f"argument {name!r} must be a list of at most {MAX_TENSORS} tensors")
+    return tuple([check_tensor(t, f"{name}[{i}]", ctx.limits) for i, t in enumerate(v)])
+
+
+#: the tagged values of an ATen op's arguments: {tag: value}
+_ATEN_TAGS = frozenset({"t", "dtype", "device", "layout", "mf", "c"})
+
+
+def _check_aten_value(v: Any, name: str, depth: int) -> None:
+    t = type(v)
+    if t is int:
+        if not WIRE_INT_MIN <= v <= WIRE_INT_MAX:
+            raise BadCommand(f"argument {name!r}: integer out of range")
+    elif t is float or t is bool or v is None:
+        return
+    elif t is str:
+        if len(v) > MAX_NAME:
+            raise BadCommand(f"argument {name!r}: a string of {len(v)} characters")
+    elif t is list:
+        if depth >= MAX_ATEN_DEPTH or len(v) > MAX_TENSORS:
+            raise BadCommand(f"argument {name!r}: lists too long or too deep")
+        for x in v:
+            _check_aten_value(x, name, depth + 1)
+    elif t is dict and len(v) == 1:
+        ((tag, x),) = v.items()
+        if tag not in _ATEN_TAGS:
+            raise BadCommand(f"argument {name!r}: unknown tag {tag!r:.20}")
+        if tag == "c":
+            if type(x) is not list or len(x) != 2 or any(type(p) is not float for p in x):
+                raise BadCommand(f"argument {name!r}: a complex is two floats")
+        elif tag in ("t", "device"):
+            _int(x, name, 0, MAX_TENSORS)
+        elif type(x) is not str or len(x) > MAX_NAME:
+            raise BadCommand(f"argument {name!r}: {tag} must be a short string")
+    else:
+        raise BadCommand(f"argument {name!r}: a value of type {t.__name__} is not an argument")
+
+
+def _check_aten_args(v: Any, name: str, ctx: DecodeContext) -> tuple[list[Any], dict[str, Any]]:
+    """An ATen op's ``[args, kwargs]``: scalars, short strings, lists of them, and tagged
+    values (a tensor operand by index, a dtype, a device, a layout, a memory format, a
+    complex); only their form is checked here, the op's schema on the proxy."""
+    if type(v) is not list or len(v) != 2 or type(v[0]) is not list or type(v[1]) is not dict:
+        raise BadCommand(f"argument {name!r} must be [args, kwargs]")
+    args, kwargs = v
+    if len(args) > MAX_PARAMS or len(kwargs) > MAX_PARAMS:
+        raise BadCommand(f"argument {name!r}: more than {MAX_PARAMS} arguments")
+    for a in args:
+        _check_aten_value(a, name, 1)
+    for k, a in kwargs.items():
+        if type(k) is not str or len(k) > MAX_NAME:
+            raise BadCommand(f"argument {name!r}: keyword names must be short strings")
+        _check_aten_value(a, name, 1)
+    return args, kwargs
+
+
 def _check_kernel_args(v: Any, name: str, ctx: DecodeContext) -> tuple[Any, ...]:
     if type(v) is not list or len(v) > MAX_LIST:
         raise BadCommand(f"argument {name!r} must be a list of at most {MAX_LIST} kernel arguments")
@@ -562,6 +704,8 @@ _CHECKS = {
     Arg.BUFFER: _check_buffer,
     Arg.HANDLES: _check_handles,
     Arg.STEP: _check_step,
+    Arg.TENSORS: _check_tensors,
+    Arg.ATEN_ARGS: _check_aten_args,
 }
 
 

@@ -33,7 +33,7 @@ from ...wire.calls import CALLS_BY_NAME
 from ...wire.limits import MAX_TICKETS_PER_SESSION
 from ..pipeline import ClientSession
 from .config import FailoverConfig, FailoverCounters
-from .ledger import Ledger, Snapshot, Source
+from .ledger import RNG, Ledger, Snapshot, Source, pack
 from .standby import RETRY_S, Standby
 
 __all__ = ["Checkpoints", "Owner", "quiet", "u8"]
@@ -43,6 +43,7 @@ log = logging.getLogger("gpuremote.failover")
 _C = CALLS_BY_NAME
 _ALLOC, _D2H, _D2D, _SYNC = _C["alloc"], _C["copy_d2h"], _C["copy_d2d"], _C["device_synchronize"]
 _EXPORT, _IMPORT = _C["peer_export"], _C["peer_import"]
+_RNG_GET, _RNG_SET = _C["aten_rng_get"], _C["aten_rng_set"]
 
 
 def u8(handle: int, nbytes: int) -> list[Any]:
@@ -151,6 +152,7 @@ class _Checkpoint:
         self._aside: list[int] = []  # copies on the session's own proxy (many buffers)
         self._unread: dict[str, int] = {}  # tickets exported and not imported (bytes)
         self._sources: dict[int, Source] = {}
+        self._rng: asyncio.Future[Any] | None = None  # the generator's state, where used
 
     async def run(self) -> None:
         try:
@@ -188,6 +190,12 @@ class _Checkpoint:
             return
         if any(not e.done for e in snap.waiting):
             return  # an earlier call is not answered yet: the next checkpoint
+        if self._rng is not None:  # the generator's state at this point, restored by a move
+            try:
+                state, _ = await self._rng
+            except GpuRemoteError:
+                return
+            snap.res[RNG] = pack(_RNG_SET, 0, [state])
         self._commit(snap)
 
     def _start(
@@ -206,6 +214,9 @@ class _Checkpoint:
             move = owner.ledger.to_copy(snap)
             live = snap.live
             sync = inner.start_own_call(_SYNC, 0, [])
+            if owner.ledger.random:
+                self._rng = inner.start_own_call(_RNG_GET, 0, [])
+                self._rng.add_done_callback(quiet)
             if standby is None:
                 calls = [inner.start_own_call(_D2H, 0, [u8(h, live[h])]) for h in move]
             elif len(move) <= MAX_TICKETS_PER_SESSION:

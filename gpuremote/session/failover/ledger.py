@@ -28,9 +28,10 @@ from typing import Any
 import msgpack
 
 from ...wire.calls import BUFFER, CALLS, CALLS_BY_OPCODE, Arg, CallSpec, Resource
-from ...wire.protocol import DTYPES
+from ...wire.protocol import DTYPES, TENSOR_DTYPES
 
 __all__ = [
+    "RNG",
     "Answered",
     "Ledger",
     "Snapshot",
@@ -46,8 +47,14 @@ SIZED_BY_ANSWER = frozenset(
     c.name for c in CALLS if c.sync and any(r is Resource.BUFFER for _, r in c.creates)
 )
 #: SYNC calls that write data that comes from elsewhere, which a re-issue cannot fetch again
-#: (``peer_import``: its ticket is used up)
-WRITES_FROM_ELSEWHERE = frozenset(c.name for c in CALLS if c.sync and c.writes)
+#: (``peer_import``: its ticket is used up); not those that compute (``aten_dynamic``)
+WRITES_FROM_ELSEWHERE = frozenset(
+    c.name for c in CALLS if c.sync and any(c.args[i].kind is Arg.ARRAY for i, _ in c.writes)
+)
+
+#: the key, among a checkpoint's resources, of the call that restores the session's random
+#: generator to its state at the checkpoint (``aten_rng_set``)
+RNG = ("rng", 0)
 
 #: where a checkpointed buffer's copy is: ``("host", its bytes)`` or ``("ck", the handle of
 #: its copy on the standby proxy)``
@@ -80,6 +87,21 @@ def unpack(packed: bytes) -> tuple[CallSpec, int, list[Any]]:
 def nbytes(wire: list[Any]) -> int:
     """The bytes of an array descriptor ``[handle, offset, shape, dtype]``."""
     return math.prod(wire[2]) * DTYPES[wire[3]].itemsize
+
+
+def answer_sizes(spec: CallSpec, value: Any) -> list[int]:
+    """The bytes of each buffer a call sized by its answer made, from its answer:
+    ``launch_dynamic``'s ``[[shape, dtype], ...]``; ``aten_dynamic``'s result, where each
+    tensor it made is ``{"t": [sizes, dtype]}`` (in a list for a list of tensors)."""
+    if spec.name == "launch_dynamic":
+        return [math.prod(shape) * DTYPES[dtype].itemsize for shape, dtype in value]
+    sizes: list[int] = []
+    for v in value:
+        for t in v if type(v) is list else [v]:
+            if type(t) is dict and "t" in t:
+                shape, dtype = t["t"]
+                sizes.append(math.prod(shape) * TENSOR_DTYPES[dtype])
+    return sizes
 
 
 class Answered:
@@ -150,6 +172,8 @@ class Ledger:
         self.step_writes: dict[int, list[int]] = {}  # recorded step -> session buffers it writes
         self.dynamic = 0  # calls sized by their answer, not answered yet (sizes unknown)
         self.streams = False  # streams besides the default one were made
+        #: the session's random generator on the proxy was used (its state is checkpointed)
+        self.random = False
         self.checkpoint_due = True  # the first checkpoint as soon as there is something
 
     # -- what calls change -------------------------------------------------------------------
@@ -158,6 +182,8 @@ class Ledger:
     ) -> None:
         """What an ASYNC call makes, writes, frees or creates (the state a checkpoint keeps);
         ``packed``: the call as journaled (kept for what it creates)."""
+        if spec.random:
+            self.random = True
         for step, i in _TRACKS[spec.opcode]:
             step(self, spec, args, i, buffer, packed)
 
@@ -187,12 +213,15 @@ class Ledger:
         """Journal a call that is answered: it is waited for from now on."""
         self.unanswered.add(entry)
         spec = entry.spec
+        if spec.random:
+            self.random = True
         if spec.name in SIZED_BY_ANSWER:
             self.dynamic += 1
-        elif spec.sync:
-            for i, resource in spec.writes:  # data from elsewhere: a checkpoint copies it
+        if spec.sync:
+            for i, resource in spec.writes:  # data written: a checkpoint copies it
                 if resource is Resource.BUFFER:
-                    self.write(entry.args[i][0])
+                    for h in _handles(spec, i, entry.args[i]):
+                        self.write(h)
         elif entry.ack:
             self.track(spec, entry.args, entry.buffer, b"")
         self.journal.append(entry)
@@ -214,8 +243,9 @@ class Ledger:
             if name in SIZED_BY_ANSWER and first:
                 entry.value = value
                 made = next(i for i, r in entry.spec.creates if r is Resource.BUFFER)
-                for h, (shape, dtype) in zip(entry.args[made], value, strict=True):
-                    self.live[h] = math.prod(shape) * DTYPES[dtype].itemsize
+                sizes = answer_sizes(entry.spec, value)
+                for h, n in zip(entry.args[made], sizes, strict=True):
+                    self.live[h] = n
                     self.dirty.add(h)
             elif name in WRITES_FROM_ELSEWHERE:
                 entry.value = True  # it wrote the array
@@ -344,6 +374,8 @@ def _handles(spec: CallSpec, i: int, arg: Any) -> list[int]:
         return [k[1][0] for k in arg if k[0] == "a"]
     if kind is Arg.HANDLES:
         return list(arg)
+    if kind is Arg.TENSORS:
+        return [t[0] for t in arg]
     return [arg]
 
 
@@ -365,6 +397,24 @@ def _creates_outputs(ledger: Ledger, spec: CallSpec, args: list[Any], i: int, *_
                 n *= d
             live[h] = n
         dirty.add(h)
+
+
+def _creates_tensors(ledger: Ledger, spec: CallSpec, args: list[Any], i: int, *_: Any) -> None:
+    live, dirty = ledger.live, ledger.dirty
+    for t in args[i]:  # new tensors, each filling a new buffer from its start
+        h = t[0]
+        if h not in live:
+            live[h] = t[1] + _extent(t[2], t[3], TENSOR_DTYPES[t[4]])
+        dirty.add(h)
+
+
+def _extent(sizes: list[int], strides: list[int], itemsize: int) -> int:
+    last = 0
+    for n, st in zip(sizes, strides, strict=True):
+        if n == 0:
+            return 0
+        last += (n - 1) * st
+    return (last + 1) * itemsize
 
 
 def _creates_sized(ledger: Ledger, spec: CallSpec, args: list[Any], i: int, *_: Any) -> None:
@@ -434,6 +484,8 @@ def _tracks(spec: CallSpec) -> list[tuple[Track, int]]:
             out.append((_creates_resource, i))
         elif kind is Arg.ARRAYS:
             out.append((_creates_outputs, i))
+        elif kind is Arg.TENSORS:
+            out.append((_creates_tensors, i))
         elif kind is Arg.HANDLE:
             out.append((_creates_sized, i))
         elif any(r is Resource.STEP for _, r in spec.reads):

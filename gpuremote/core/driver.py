@@ -1,0 +1,285 @@
+"""A proxy session driven from synchronous code (the front ends ``gpuremote.xp`` and
+``gpuremote.torch`` build on it).
+
+The session lives on an event loop of its own that no thread runs all the time. Calls are
+posted without waiting (a lock-free deque, from any thread); a call that waits for the proxy
+runs the loop *in the calling thread* until its reply is in, sending everything posted before
+it in the same frame: no thread hand-off on the synchronous path. A helper thread sends what
+was posted and not taken by a waiting call within ``nudge_us`` (so work starts on the proxy
+without a synchronising call), and runs the calls of threads that already run an event loop
+of their own (asyncio code, Jupyter), which cannot run a second one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Coroutine
+from typing import Any, Self, TypeVar
+
+from ..errors import ConnectionClosed
+from ..session import opener
+from ..session.contract import Session
+from ..wire.calls import CALLS_BY_NAME, CallSpec
+
+__all__ = ["SyncDriver"]
+
+T = TypeVar("T")
+_FREE = CALLS_BY_NAME["free"]
+_IDLE_S = 0.05  # how long the helper polls after the last post before it sleeps
+
+
+class SyncDriver:
+    """A session opened to ``url`` (see the module docstring), driven from synchronous code:
+    ``post`` queues an ASYNC call, ``call`` makes a SYNC one; ``serve``: serve a proxy of
+    that backend in this process first. Front ends (``gpuremote.xp``, ``gpuremote.torch``)
+    build on it."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        serve: str | None = None,
+        nudge_us: float = 200.0,
+        **options: Any,
+    ) -> None:
+        # asyncio's own loop, not uvloop: the loop is run once per waiting call, and uvloop
+        # sets up (and tears down) a signal socketpair each time it runs in the main thread
+        self._loop = asyncio.new_event_loop()
+        self._owner = threading.Lock()  # held by whichever thread runs the loop
+        self._driver: int | None = None  # that thread's id
+        self._posted: deque[tuple[CallSpec, int, list[Any], memoryview | None]] = deque()
+        self._jobs: deque[tuple[Coroutine[Any, Any, Any], concurrent.futures.Future[Any]]] = deque()
+        self._wake = threading.Event()  # something is posted, or a job waits
+        self._nudge_s = nudge_us / 1e6
+        self._polling = False  # the helper looks at the posts every nudge_s
+        self._first_post = 0.0  # when the oldest post not yet sent was made
+        self._error: BaseException | None = None
+        self.closed = False
+        #: the connection to the proxy was lost (a call raised ``ConnectionClosed``): the
+        #: default device then connects anew at its next use
+        self.lost = False
+        self._proxy: Any = None
+        #: how the last ``copy_from`` went: "proxy to proxy" or "through the client (why)"
+        self.last_copy = ""
+        self._helper = threading.Thread(target=self._help, name="gpuremote-xp", daemon=True)
+        self._helper.start()
+
+        async def open_() -> tuple[str, Session, dict[str, Any]]:
+            target = url
+            if serve is not None:  # a proxy of our own, on this loop (loads the proxy side)
+                from ..proxy import Proxy
+
+                self._proxy = Proxy(serve)
+                target = await self._proxy.start(url or f"inproc://sync-{id(self):x}")
+            session, info = await opener.open(target, **options)
+            return session.url, session, info
+
+        try:
+            self._url, self.session, self.info = self._run(open_())
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    @property
+    def url(self) -> str:
+        """The URL of the proxy serving this device's session (with failover: the current
+        one)."""
+        return self.session.url or self._url
+
+    @property
+    def backend(self) -> str:
+        """The proxy's backend (``numpy``, ``cupy``, ``sim``)."""
+        return str(self.info.get("backend", "?"))
+
+    # -- driving the loop ------------------------------------------------------------------
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the device's loop: in this thread, or, where this thread runs a
+        loop of its own, on the helper thread."""
+        if self._driver == threading.get_ident():
+            coro.close()
+            raise RuntimeError("gpuremote.xp cannot be called from its own event loop")
+        if asyncio._get_running_loop() is not None:
+            job: concurrent.futures.Future[T] = concurrent.futures.Future()
+            self._jobs.append((coro, job))
+            self._wake.set()
+            return job.result()
+        with self._owner:
+            return self._drive(coro)
+
+    def _drive(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run the loop until ``coro`` is done (the caller holds ``_owner``)."""
+        self._driver = threading.get_ident()
+        try:
+            return self._loop.run_until_complete(coro)
+        finally:
+            self._driver = None
+
+    def _help(self) -> None:
+        """The helper thread: sends what was posted and not sent within ``nudge_s``, runs the
+        jobs of threads that cannot drive the loop. While posts keep coming it polls every
+        ``nudge_s`` (posting then signals nothing); after ``_IDLE_S`` without any it sleeps
+        until the next post."""
+        wake, posted, jobs = self._wake, self._posted, self._jobs
+        while not self.closed:
+            wake.wait()
+            self._polling = True
+            quiet = 0.0
+            while quiet < _IDLE_S or posted or jobs:
+                wake.wait(self._nudge_s)  # a job wakes it at once; a waiting call may
+                wake.clear()  # take the posts meanwhile
+                while jobs:
+                    coro, job = jobs.popleft()
+                    with self._owner:
+                        try:
+                            job.set_result(self._drive(coro))
+                        except BaseException as exc:
+                            job.set_exception(exc)
+                if self.closed:
+                    return
+                if posted:
+                    quiet = 0.0
+                    if time.perf_counter() - self._first_post < self._nudge_s:
+                        continue  # posted just now: a waiting call is likely to take it
+                    with self._owner:
+                        if not self._loop.is_closed():
+                            self._drive(self._send_posted())
+                else:
+                    quiet += self._nudge_s
+                if quiet >= _IDLE_S:
+                    self._polling = False  # posts signal again from here on; then look once
+                    # more, for one that came before they did
+            self._polling = False
+
+    async def _send_posted(self) -> None:
+        self._drain()
+        with contextlib.suppress(Exception):  # errors surface at the next waiting call
+            await self.session.flush()
+
+    def post(
+        self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None = None
+    ) -> None:
+        """Queue an ASYNC call (returns at once; it is sent with the next batch)."""
+        if self.closed:
+            raise ConnectionClosed(f"the device {self.url} is closed")
+        posted = self._posted
+        if not posted:
+            self._first_post = time.perf_counter()
+        posted.append((spec, stream, args, buffer))
+        if not self._polling:  # the helper sleeps: it will send this if no call does
+            self._wake.set()
+
+    def _drain(self) -> None:
+        """On the loop: hand everything posted to the session, in order."""
+        session = self.session
+        posted, submit, release = self._posted, session.submit, session.defer_free
+        while posted:
+            item = posted.popleft()
+            try:
+                if item[0] is _FREE:  # goes with the session's next frees, before what follows
+                    release(*item[2])
+                else:
+                    submit(*item)
+            except Exception as exc:
+                if self._error is None:
+                    self._error = exc
+
+    def _release(self, handle: int, nbytes: int = 0) -> None:
+        if not self.closed and self._error is None:
+            with contextlib.suppress(ConnectionClosed):
+                self.post(_FREE, 0, [handle, nbytes])  # in order with the calls around it
+
+    def _start(
+        self, spec: CallSpec, args: list[Any], buffer: memoryview | None
+    ) -> asyncio.Future[tuple[Any, list[memoryview]]]:
+        """Hand the posts to the session, raise a deferred error, send the call."""
+        self._drain()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        return self.session.start_call(spec, 0, args, buffer)
+
+    async def _call(
+        self, spec: CallSpec, args: list[Any], buffer: memoryview | None = None
+    ) -> tuple[Any, list[memoryview]]:
+        return await self.session.wait(self._start(spec, args, buffer), spec.name)
+
+    def call(
+        self, spec: CallSpec, args: list[Any], buffer: memoryview | None = None
+    ) -> tuple[Any, list[memoryview]]:
+        """A SYNC call: sends everything posted before it, then waits for its reply."""
+        if self.closed:
+            raise ConnectionClosed(f"the device {self.url} is closed")
+        try:
+            return self._call_now(spec, args, buffer)
+        except ConnectionClosed:
+            self.lost = True  # the default device is replaced at its next use
+            raise
+
+    def _call_now(
+        self, spec: CallSpec, args: list[Any], buffer: memoryview | None
+    ) -> tuple[Any, list[memoryview]]:
+        if (
+            self._driver is None
+            and self.session.plain_wait()
+            and asyncio._get_running_loop() is None
+            and self._owner.acquire(blocking=False)
+        ):
+            # the common case: this thread drives the loop, and runs it only until the reply
+            # (no task, no coroutine: the loop waits on the call's future itself)
+            try:
+                self._driver = threading.get_ident()
+                # as if on the loop: transports may look it up while the call is sent
+                asyncio.events._set_running_loop(self._loop)
+                try:
+                    fut = self._start(spec, args, buffer)
+                finally:
+                    asyncio.events._set_running_loop(None)
+                return self._loop.run_until_complete(fut)
+            finally:
+                self._driver = None
+                self._owner.release()
+        return self._run(self._call(spec, args, buffer))
+
+    def stats(self) -> dict[str, Any]:
+        """The session's counters (calls per class, frames, round trips, bytes)."""
+        self._run(self._noop())
+        return self.session.counters.as_dict()
+
+    async def _noop(self) -> None:
+        self._drain()
+
+    # -- lifetime --------------------------------------------------------------------------
+    def close(self) -> None:
+        """Send what is posted and close the session (idempotent)."""
+        if self.closed:
+            return
+        with contextlib.suppress(Exception):
+            self._run(self._close())
+        self.closed = True
+        self._stop_loop()
+
+    async def _close(self) -> None:
+        self._drain()
+        await self.session.aclose()
+        if self._proxy is not None:
+            await self._proxy.close()
+
+    def _stop_loop(self) -> None:
+        self.closed = True
+        self._wake.set()
+        if self._helper is not threading.current_thread():
+            self._helper.join(5)
+        with self._owner:
+            if not self._loop.is_closed():
+                self._loop.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

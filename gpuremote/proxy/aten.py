@@ -1,0 +1,388 @@
+"""ATen ops run by torch on the proxy, for ``gpuremote.torch`` clients.
+
+A client sends an op by name (``add.out``: packet and overload of ``torch.ops.aten``), its
+tensor operands as strided descriptors into the session's buffers (``TensorDesc``) and its
+other arguments as plain values (``[args, kwargs]``, a tensor as ``{"t": index}``). Here:
+
+- the op must be on the **allow-list**: an ATen compute op whose every argument is a tensor or
+  a plain value (no storage, stream, file name or host pointer), that returns no view (views
+  are metadata, kept on the client) and is not one of the ops that reach outside a tensor's
+  memory (``set_``, ``resize_``, ``as_strided``, ...);
+- every operand is **bounds-checked** against its buffer before a tensor is made of it: a
+  tensor is a zero-copy strided view of one of this session's buffers, so no op can read or
+  write memory the session does not hold;
+- each tensor the op returns that is not one of its operands fills the new buffer the client
+  named for it, laid out as the client's metadata says (the client's meta kernels decided
+  the shapes; where a meta kernel and the real one disagree, the client's layout wins and an
+  empty client tensor takes nothing);
+- ops with randomness draw from the **session's own generator** (seeded by the client's
+  ``torch.manual_seed``), never from the process's, so sessions stay apart and reproducible.
+
+torch is imported when a session first runs an ATen op; a proxy without it answers with an
+error naming the ``[torch]`` extra.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+from ..wire.protocol import TENSOR_DTYPES, TensorDesc
+from .state import CallFailed, SessionState
+
+__all__ = ["AtenSession", "aten_session", "load_torch", "resolve_op"]
+
+#: the seed of a session's generator before the client seeds it (torch's own default)
+DEFAULT_SEED = 67280421310721
+
+#: argument types of the schemas an allowed op may have (``str(argument.type)``)
+_ALLOWED_TYPES = frozenset(
+    {
+        "Tensor",
+        "Optional[Tensor]",
+        "List[Tensor]",
+        "List[Optional[Tensor]]",
+        "int",
+        "Optional[int]",
+        "List[int]",
+        "Optional[List[int]]",
+        "SymInt",
+        "Optional[SymInt]",
+        "List[SymInt]",
+        "Optional[List[SymInt]]",
+        "float",
+        "Optional[float]",
+        "List[float]",
+        "Optional[List[float]]",
+        "bool",
+        "Optional[bool]",
+        "List[bool]",
+        "number",
+        "Optional[number]",
+        "List[number]",
+        "ScalarType",
+        "Optional[ScalarType]",
+        "Optional[Layout]",
+        "Optional[Device]",
+        "Optional[MemoryFormat]",
+        "str",
+        "Optional[str]",
+        "Optional[Generator]",
+    }
+)
+#: parts of the names of ops that reach beyond a tensor's memory or out of the process
+_DENIED = (
+    "as_strided",
+    "set_",
+    "resize",
+    "storage",
+    "from_file",
+    "pin_memory",
+    "record_stream",
+    "_nested",
+    "sparse",
+    "mkldnn",
+    "cudnn",
+    "miopen",
+    "fbgemm",
+    "_debug",
+    "_print",
+    "_assert",
+    "_make_per",
+    "lift",
+    "_use_",
+    "data_ptr",
+)
+
+
+def load_torch() -> Any:
+    """torch, or a ``CallFailed`` naming the extra that installs it."""
+    try:
+        import torch
+    except ImportError:
+        raise CallFailed(
+            "this proxy cannot run PyTorch ops: torch is not installed where it runs "
+            "(pip install 'gpuremote[torch]')"
+        ) from None
+    return torch
+
+
+class AllowedOp:
+    """An op of the allow-list, with what running it needs from its schema."""
+
+    __slots__ = ("n_returns", "op", "random_without_generator", "returns", "writes")
+
+    def __init__(self, op: Any, torch: Any) -> None:
+        schema = op._schema
+        self.op = op
+        #: per return: (is a list of tensors, is one of the operands)
+        self.returns = [
+            (str(r.type) == "List[Tensor]", r.alias_info is not None) for r in schema.returns
+        ]
+        self.n_returns = len(schema.returns)
+        #: positions and names of the arguments the op writes
+        self.writes = [
+            (i, a.name)
+            for i, a in enumerate(schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write
+        ]
+        seeded = torch.Tag.nondeterministic_seeded in op.tags
+        has_generator = any(str(a.type) == "Optional[Generator]" for a in schema.arguments)
+        self.random_without_generator = seeded and not has_generator
+
+
+@functools.lru_cache(maxsize=4096)
+def resolve_op(name: str) -> AllowedOp:
+    """The allowed ATen op ``packet.overload``; ``CallFailed`` for any other name."""
+    torch = load_torch()
+    packet_name, _, overload = name.partition(".")
+    if not packet_name.isidentifier() or (overload and not overload.isidentifier()):
+        raise CallFailed(f"{name!r} is not an ATen op name (packet.overload)")
+    if any(d in packet_name for d in _DENIED):
+        raise CallFailed(f"ATen op {name!r} is not allowed on this proxy")
+    packet = getattr(torch.ops.aten, packet_name, None)
+    op = getattr(packet, overload or "default", None) if packet is not None else None
+    if op is None or not isinstance(op, torch._ops.OpOverload):
+        raise CallFailed(f"unknown ATen op {name!r}")
+    schema = op._schema
+    if any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns):
+        raise CallFailed(f"ATen op {name!r} returns a view: views are made by the client")
+    for a in schema.arguments:
+        if str(a.type) not in _ALLOWED_TYPES:
+            raise CallFailed(f"ATen op {name!r} is not allowed: it takes a {a.type} ({a.name})")
+    for r in schema.returns:
+        if str(r.type) not in ("Tensor", "List[Tensor]", "int", "float", "bool", "number"):
+            raise CallFailed(f"ATen op {name!r} is not allowed: it returns a {r.type}")
+    return AllowedOp(op, torch)
+
+
+class AtenSession:
+    """A session's PyTorch state on the proxy: its generator and its device."""
+
+    def __init__(self, state: SessionState) -> None:
+        torch = self.torch = load_torch()
+        self.state = state
+        self.device = state.backend.torch_device()
+        if self.device.type == "cuda":  # float32 as float32 (no TF32), reproducible kernels
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+            torch.backends.cudnn.deterministic = True
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(DEFAULT_SEED)
+        self.dtypes = {name: getattr(torch, name) for name in TENSOR_DTYPES}
+        self.layouts = {"strided": torch.strided}
+        self.formats = {
+            name: getattr(torch, name)
+            for name in (
+                "contiguous_format",
+                "channels_last",
+                "channels_last_3d",
+                "preserve_format",
+            )
+        }
+
+    # -- operands --------------------------------------------------------------------------
+    def tensor(self, desc: TensorDesc) -> Any:
+        """The strided view ``desc`` of one of the session's buffers (bounds-checked)."""
+        s = self.state
+        buf = s.buffers.get(desc.handle)
+        if buf is None:
+            from ..errors import UnknownHandle
+
+            raise UnknownHandle(f"unknown buffer handle {desc.handle}")
+        nbytes = s.nbytes[desc.handle]
+        if desc.extent > nbytes:
+            raise CallFailed(
+                f"tensor of sizes {list(desc.sizes)}, strides {list(desc.strides)} at offset "
+                f"{desc.offset} reaches byte {desc.extent} of buffer {desc.handle}, which "
+                f"has {nbytes}"
+            )
+        itemsize = TENSOR_DTYPES[desc.dtype]
+        base = s.backend.torch_buffer(buf)
+        if itemsize > 1:
+            base = base[: nbytes - nbytes % itemsize]
+        typed = base.view(self.dtypes[desc.dtype])
+        return typed.as_strided(desc.sizes, desc.strides, desc.offset // itemsize)
+
+    def decode(self, value: Any, tensors: Sequence[Any]) -> Any:
+        """An argument as the op takes it (tensors by index into ``tensors``)."""
+        t = type(value)
+        if t is list:
+            return [self.decode(v, tensors) for v in value]
+        if t is not dict:
+            return value
+        ((tag, x),) = value.items()
+        if tag == "t":
+            if x >= len(tensors):
+                raise CallFailed(f"tensor {x} of {len(tensors)}")
+            return tensors[x]
+        if tag == "dtype":
+            dtype = self.dtypes.get(x)
+            if dtype is None:
+                raise CallFailed(f"unsupported dtype {x!r}")
+            return dtype
+        if tag == "device":
+            return self.device
+        if tag == "layout":
+            layout = self.layouts.get(x)
+            if layout is None:
+                raise CallFailed(f"unsupported layout {x!r}")
+            return layout
+        if tag == "mf":
+            fmt = self.formats.get(x)
+            if fmt is None:
+                raise CallFailed(f"unsupported memory format {x!r}")
+            return fmt
+        return complex(x[0], x[1])  # "c"
+
+    # -- running ---------------------------------------------------------------------------
+    def call(
+        self,
+        name: str,
+        descs: Sequence[TensorDesc],
+        encoded: tuple[list[Any], dict[str, Any]],
+    ) -> tuple[AllowedOp, Any, list[Any]]:
+        """Run op ``name``; returns it, its result and the tensors it returned that are not
+        its operands (in order)."""
+        allowed = resolve_op(name)
+        tensors = [self.tensor(d) for d in descs]
+        args = [self.decode(a, tensors) for a in encoded[0]]
+        kwargs = {k: self.decode(v, tensors) for k, v in encoded[1].items()}
+        op = allowed.op
+        schema = op._schema
+        for i, a in enumerate(schema.arguments):
+            if str(a.type) == "Optional[Generator]":  # the session's, always
+                if i < len(args):
+                    args[i] = self.generator
+                else:
+                    kwargs[a.name] = self.generator
+        try:
+            if allowed.random_without_generator:
+                result = self._with_session_generator(op, args, kwargs)
+            else:
+                result = op(*args, **kwargs)
+        except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError) as exc:
+            raise CallFailed(f"{type(exc).__name__}: {_first_line(exc)}") from None
+        return allowed, result, self.new_tensors(allowed, result)
+
+    def _with_session_generator(self, op: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        """Run random op ``op``, which takes no generator, on the session's generator (by
+        lending its state to the device's default one)."""
+        torch = self.torch
+        default = (
+            torch.default_generator
+            if self.device.type == "cpu"
+            else torch.cuda.default_generators[self.device.index or 0]
+        )
+        saved = default.get_state()
+        default.set_state(self.generator.get_state())
+        try:
+            return op(*args, **kwargs)
+        finally:
+            self.generator.set_state(default.get_state())
+            default.set_state(saved)
+
+    def new_tensors(self, allowed: AllowedOp, result: Any) -> list[Any]:
+        """The tensors of ``result`` that the op made (not those it wrote into operands)."""
+        out: list[Any] = []
+        for (is_list, aliases), r in zip(
+            allowed.returns, _returns(result, allowed.n_returns), strict=True
+        ):
+            if aliases:
+                continue
+            if is_list:
+                out.extend(r)
+            elif isinstance(r, self.torch.Tensor):
+                out.append(r)
+        return out
+
+    def fill_outputs(self, name: str, made: Sequence[Any], outputs: Sequence[TensorDesc]) -> None:
+        """Copy what the op made into the client's output buffers (allocated already)."""
+        if len(made) != len(outputs):
+            raise CallFailed(f"{name} made {len(made)} tensors; the client expected {len(outputs)}")
+        for r, d in zip(made, outputs, strict=True):
+            if tuple(r.shape) != d.sizes and 0 not in d.sizes and r.numel():
+                raise CallFailed(
+                    f"{name} made a tensor of shape {list(r.shape)}; the client expected "
+                    f"{list(d.sizes)}"
+                )
+        for r, d in zip(made, outputs, strict=True):
+            if 0 not in d.sizes and r.numel():  # (an empty side: a meta kernel's quirk)
+                self.tensor(d).copy_(r)
+
+    def adopt_results(self, name: str, made: Sequence[Any], handles: Sequence[int]) -> list[Any]:
+        """Keep what a data-dependent op made, each as a new buffer under the client's
+        handle; returns each one's [sizes, dtype]."""
+        if len(made) != len(handles):
+            raise CallFailed(f"{name} made {len(made)} tensors; the client named {len(handles)}")
+        s = self.state
+        total = sum(int(r.numel()) * r.element_size() for r in made)
+        if s.device_bytes + total > s.limits.max_device_bytes:
+            raise CallFailed(
+                f"{name}'s results of {total} bytes would make this session hold "
+                f"{s.device_bytes + total} bytes; its limit is {s.limits.max_device_bytes}"
+            )
+        metas = []
+        for h, r in zip(handles, made, strict=True):
+            s.check_new(s.buffers, h, "buffer")
+            flat = s.backend.adopt_torch(r.contiguous())
+            s.adopt(h, flat, int(r.numel()) * r.element_size())
+            metas.append([list(r.shape), str(r.dtype).removeprefix("torch.")])
+        return metas
+
+    def encode_result(self, allowed: AllowedOp, result: Any, metas: list[Any]) -> Any:
+        """The reply of a data-dependent op: each return as a value, made tensors as
+        ``{"t": [sizes, dtype]}`` in order, tensors it wrote as ``None``."""
+        torch = self.torch
+        results = _returns(result, allowed.n_returns)
+        made = iter(metas)
+        out: list[Any] = []
+        for (is_list, aliases), r in zip(allowed.returns, results, strict=True):
+            if aliases:
+                out.append(None)
+            elif is_list:
+                out.append([{"t": next(made)} for _ in r])
+            elif isinstance(r, torch.Tensor):
+                out.append({"t": next(made)})
+            elif isinstance(r, complex):
+                out.append({"c": [r.real, r.imag]})
+            else:
+                out.append(r)
+        return out
+
+    def seed(self, seed: int) -> None:
+        self.generator.manual_seed(seed)
+
+    def rng_state(self) -> str:
+        """The generator's state, as hex (a failover checkpoint keeps it)."""
+        return bytes(self.generator.get_state().numpy()).hex()
+
+    def set_rng_state(self, state: str) -> None:
+        """Set the generator to a state ``rng_state`` gave."""
+        torch = self.torch
+        try:
+            data = bytes.fromhex(state)
+            self.generator.set_state(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        except (ValueError, RuntimeError) as exc:
+            raise CallFailed(f"not a state of this proxy's generator: {_first_line(exc)}") from None
+
+
+def aten_session(state: SessionState) -> AtenSession:
+    """The session's PyTorch state, made on its first ATen op."""
+    aten: AtenSession | None = state.aten
+    if aten is None:
+        aten = state.aten = AtenSession(state)
+    return aten
+
+
+def _returns(result: Any, n: int) -> tuple[Any, ...]:
+    """An op's result as one value per return of its schema."""
+    if n == 1:
+        return (result,)
+    return () if n == 0 else tuple(result)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:400] if text else type(exc).__name__

@@ -1,0 +1,141 @@
+"""Unmodified PyTorch on a remote GPU: the ``gpuremote`` device.
+
+.. code-block:: python
+
+    import torch
+    import gpuremote.torch as gt
+
+    with gt.connect("tcp://gpu-host:7766"):
+        model = MyModel().to("gpuremote")
+        x = torch.randn(8, 32, device="gpuremote")
+        loss = model(x).sum()
+        loss.backward()
+        print(loss.item(), gt.stats()["round_trips"])
+
+``gt.connect(url, **options)`` opens a session (any URL the project takes, ``pool://NAME``);
+after it, plain PyTorch code runs on the device
+``gpuremote``: every ATen op is an ASYNC call queued in the session's batches (its outputs'
+shapes come from PyTorch's meta kernels, cached per signature); views stay on the client; only
+reads (``.item()``, ``.cpu()``, printing) and ops whose results depend on the data
+(``nonzero``, boolean masks) wait for the proxy. The proxy runs the ops with torch on views
+of the session's buffers (CuPy's on a GPU, NumPy's on a CPU proxy). Needs torch on both
+sides (``pip install 'gpuremote[torch]'``); tested with torch 2.13.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+try:
+    import torch as _torch
+except ImportError as _exc:  # pragma: no cover - the extra is missing
+    raise ImportError("gpuremote.torch needs PyTorch: pip install 'gpuremote[torch]'") from _exc
+
+from ..core.driver import SyncDriver
+from ._backend import DEVICE, dispatcher, register
+
+__all__ = ["DEVICE", "Connection", "connect", "connect_local", "stats"]
+
+# the device exists from the import on: PyTorch's autograd engine sizes its device threads at
+# its first backward pass, which must come after this (import gpuremote.torch early)
+register()
+
+
+class Connection:
+    """The session serving the device (``connect`` returns one): ``close()`` (or the end of
+    a ``with`` block) ends it, and the device goes back to the connection it had before, if
+    that one is still open; ``stats()`` gives its figures."""
+
+    def __init__(self, drivers: list[SyncDriver], previous: dict[int, SyncDriver]) -> None:
+        self.drivers = drivers
+        self._previous = previous
+
+    @property
+    def devices(self) -> list[_torch.device]:
+        """The torch devices this connection serves."""
+        return [_torch.device(DEVICE, i) for i in range(len(self.drivers))]
+
+    def stats(self, index: int = 0) -> dict[str, Any]:
+        """The session's counters of device ``index`` (as ``GPU.stats()``: calls per
+        class, ``frames_sent``, ``round_trips``, ``bytes_sent``, ...)."""
+        return self.drivers[index].stats()
+
+    def synchronize(self) -> None:
+        """Wait until every op queued so far has run; raises the first deferred error."""
+        from ..wire.calls import CALLS_BY_NAME
+
+        for d in self.drivers:
+            d.call(CALLS_BY_NAME["device_synchronize"], [])
+
+    def close(self) -> None:
+        """Send what is queued and close the sessions (idempotent)."""
+        for i, d in enumerate(self.drivers):
+            d.close()
+            if dispatcher.drivers.get(i) is d:
+                before = self._previous.get(i)
+                if before is not None and not before.closed:
+                    dispatcher.drivers[i] = before
+                else:
+                    del dispatcher.drivers[i]
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        urls = ", ".join(d.url for d in self.drivers)
+        return f"<gpuremote.torch.Connection {urls}>"
+
+
+def _open(url: str | None, serve: str | None, options: dict[str, Any]) -> SyncDriver:
+    driver = SyncDriver(url, serve=serve, **options)
+    if dispatcher.seed is not None:
+        driver.post(_seed_call(), 0, [dispatcher.seed])
+    return driver
+
+
+def _seed_call() -> Any:
+    from ..wire.calls import CALLS_BY_NAME
+
+    return CALLS_BY_NAME["aten_seed"]
+
+
+def _install(drivers: list[SyncDriver]) -> Connection:
+    """Serve the device by ``drivers`` from now on (the connection before is kept, for when
+    this one is closed)."""
+    register()
+    previous = dict(dispatcher.drivers)
+    dispatcher.drivers.update(enumerate(drivers))
+    return Connection(drivers, previous)
+
+
+def connect(url: str | None = None, **options: Any) -> Connection:
+    """Connect the ``gpuremote`` device to the proxy at ``url`` (else ``GPUREMOTE_URL``, the
+    config file, the default; ``pool://NAME``: a pool's least-loaded proxy). Options are
+    those of ``gpuremote.connect`` (``secret=``, pipeline settings). Without a ``connect``,
+    the first use of the device connects to the configured URL. ``failover=``: the session
+    moves to another proxy when its own is lost (``gpuremote.connect``'s option). One
+    device for now (``devices=`` raises ``NotImplementedError``, saying why)."""
+    if options.pop("devices", None) not in (None, 1):
+        raise NotImplementedError(
+            "gpuremote.torch serves one device (gpuremote:0) for now: a backend written in "
+            "Python cannot yet make tensors on another device index (torch 2.13's Python "
+            "device guard has no current-device switch)"
+        )
+    register()
+    return _install([_open(url, None, options)])
+
+
+def connect_local(backend: str = "numpy", url: str | None = None) -> Connection:
+    """Serve a proxy inside this process (``backend`` numpy, cupy, sim:check, ...; over
+    ``url``, default ``inproc://``) and connect the ``gpuremote`` device to it: the whole
+    path, for tests and for trying code without a proxy machine."""
+    register()
+    return _install([_open(url, backend, {})])
+
+
+def stats(index: int = 0) -> dict[str, Any]:
+    """The counters of the session serving ``gpuremote:index`` (as ``GPU.stats()``)."""
+    return dispatcher.driver(index).stats()

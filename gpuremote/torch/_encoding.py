@@ -1,0 +1,85 @@
+"""An ATen op's arguments on the wire (``gpuremote.proxy.aten`` decodes them)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ._tensors import DEVICE, DTYPE_NAMES, is_remote
+
+__all__ = ["Encoder"]
+
+
+class Encoder:
+    """An op's arguments to their wire form (call it on each): remote tensors as
+    ``{"t": i}`` into ``tensors`` (CPU scalars, which ATen takes beside device tensors, are
+    ``upload``-ed first), dtypes, devices, layouts and memory formats by name; and the op's
+    signature for the metadata cache, built on the way (``signature()``)."""
+
+    def __init__(
+        self, tensors: list[torch.Tensor], upload: Callable[[torch.Tensor], torch.Tensor]
+    ) -> None:
+        self.tensors = tensors
+        self.upload = upload
+        self.sig: list[Any] = []
+
+    def __call__(self, a: Any) -> Any:
+        if a is None or type(a) in (bool, int, float, str):
+            self.sig.append(a)
+            return a
+        if isinstance(a, torch.Tensor):
+            if not is_remote(a):
+                if a.dim() != 0:
+                    raise RuntimeError(
+                        f"Expected all tensors to be on the same device, but found a {a.device} "
+                        f"tensor of shape {list(a.shape)} beside {DEVICE} tensors"
+                    )
+                a = self.upload(a)
+            self.tensors.append(a)
+            self.sig.append((tuple(a.shape), a.stride(), a.dtype))
+            return {"t": len(self.tensors) - 1}
+        if isinstance(a, (list, tuple)):
+            self.sig.append("[")
+            out = [self(x) for x in a]
+            self.sig.append("]")
+            return out
+        if isinstance(a, torch.dtype):
+            self.sig.append(a)
+            return {"dtype": DTYPE_NAMES[a]}
+        if isinstance(a, torch.device):
+            self.sig.append(a)
+            return {"device": 0}
+        if isinstance(a, torch.layout):
+            self.sig.append(a)
+            return {"layout": str(a).removeprefix("torch.")}
+        if isinstance(a, torch.memory_format):
+            self.sig.append(a)
+            return {"mf": str(a).removeprefix("torch.")}
+        if isinstance(a, complex):
+            self.sig.append(a)
+            return {"c": [a.real, a.imag]}
+        if isinstance(a, torch.Generator):
+            raise RuntimeError(
+                "gpuremote: ops take the session's generator on the proxy (seed it with "
+                "torch.manual_seed); a torch.Generator cannot be passed"
+            )
+        if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            raise RuntimeError("gpuremote: symbolic sizes cannot be sent")
+        raise TypeError(f"gpuremote: an argument of type {type(a).__name__} cannot be sent")
+
+    def signature(self) -> tuple[Any, ...]:
+        return tuple(self.sig)
+
+    def signature_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        self.sig = []
+        tensors = self.tensors
+        self.tensors = []
+        for a in args:
+            self(a)
+        for k, v in kwargs.items():
+            self.sig.append(k)
+            self(v)
+        self.tensors = tensors
+        return tuple(self.sig)

@@ -1,0 +1,167 @@
+"""The ``gpuremote`` device's kernels, registered with PyTorch's dispatcher for the
+PrivateUse1 key: factories, transfers and ``resize_`` of its own; convolution and attention,
+which ATen routes by device type; and every other op through the ``Dispatcher``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ._dispatch import Dispatcher, restride
+
+__all__ = ["install"]
+
+#: ``_fused_sdp_choice``'s answer for the flash attention kernel
+_SDP_FLASH = 1
+
+
+def install(dispatcher: Dispatcher) -> None:
+    """Register ``dispatcher``'s kernels for the PrivateUse1 key (once per process)."""
+    lib = torch.library.Library("aten", "IMPL")
+    _LIBRARIES.append(lib)
+
+    def empty_memory_format(
+        size: Any,
+        dtype: torch.dtype | None = None,
+        layout: Any = None,
+        device: torch.device | None = None,
+        pin_memory: bool | None = None,
+        memory_format: torch.memory_format | None = None,
+    ) -> torch.Tensor:
+        fmt = memory_format or torch.contiguous_format
+        strides = torch.empty(size, device="meta", memory_format=fmt).stride()
+        return dispatcher.empty(list(size), list(strides), dtype, device)
+
+    def empty_strided(
+        size: Any,
+        stride: Any,
+        dtype: torch.dtype | None = None,
+        layout: Any = None,
+        device: torch.device | None = None,
+        pin_memory: bool | None = None,
+    ) -> torch.Tensor:
+        return dispatcher.empty(list(size), list(stride), dtype, device)
+
+    def copy_from(self: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> Any:
+        return dispatcher.copy_from(self, dst, non_blocking)
+
+    def copy_from_and_resize(self: torch.Tensor, dst: torch.Tensor) -> Any:
+        if dst.numel() == 0:
+            dst.resize_(self.shape)
+        return dispatcher.copy_from(self, dst)
+
+    def resize_(
+        self: torch.Tensor, size: Any, memory_format: torch.memory_format | None = None
+    ) -> torch.Tensor:
+        fmt = memory_format or torch.contiguous_format
+        strides = torch.empty(size, device="meta", memory_format=fmt).stride()
+        restride(self, list(size), list(strides))
+        return self
+
+    aten = torch.ops.aten
+
+    def convolution(*args: Any) -> Any:  # ATen's entry for devices it does not know
+        return dispatcher.run(aten.convolution.default, args, {})
+
+    def convolution_backward(
+        grad_output: torch.Tensor,
+        input: torch.Tensor,
+        weight: torch.Tensor,
+        *rest: Any,
+    ) -> Any:
+        *conv, output_mask = rest
+        bias_sizes = [weight.shape[1] if conv[3] else weight.shape[0]]  # transposed or not
+        return dispatcher.run(
+            aten.convolution_backward.default,
+            (grad_output, input, weight, bias_sizes, *conv, output_mask),
+            {},
+        )
+
+    def attention(
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        *,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> Any:
+        # ATen picks an attention kernel from a table keyed by device type, where this device
+        # has none (it would take the math path, which rounds differently): the proxy's
+        # choice for these inputs, asked once per signature, and that kernel
+        args = (query, key, value, attn_mask, dropout_p, is_causal)
+        options = {"scale": scale, "enable_gqa": enable_gqa}
+        choice = dispatcher.run(aten._fused_sdp_choice.default, args, options)
+        cpu = dispatcher.driver(query.device.index).info.get("backend") != "cupy"
+        if choice == _SDP_FLASH and cpu:
+            return aten._scaled_dot_product_flash_attention_for_cpu(
+                query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
+            )[0]
+        return aten._scaled_dot_product_attention_math(
+            query, key, value, attn_mask, dropout_p, is_causal, None, **options
+        )[0]
+
+    for key in ("PrivateUse1", "AutogradPrivateUse1"):
+        lib.impl("scaled_dot_product_attention", attention, key)
+    lib.impl("convolution_overrideable", convolution, "PrivateUse1")
+    lib.impl("convolution_backward_overrideable", convolution_backward, "PrivateUse1")
+    lib.impl("empty.memory_format", empty_memory_format, "PrivateUse1")
+    lib.impl("empty_strided", empty_strided, "PrivateUse1")
+    lib.impl("_copy_from", copy_from, "PrivateUse1")
+    lib.impl("_copy_from_and_resize", copy_from_and_resize, "PrivateUse1")
+    lib.impl("resize_", resize_, "PrivateUse1")
+
+    def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
+        return dispatcher.run(op, args, kwargs)
+
+    for name in _with_cpu_kernels():
+        packet, _, overload = name.partition(".")
+        op = getattr(getattr(aten, packet), overload or "default")
+        lib.impl(name, _kernel(dispatcher, op), "PrivateUse1")
+
+    fb = torch.library.Library("_", "IMPL")
+    _LIBRARIES.append(fb)
+    fb.fallback(fallback, dispatch_key="PrivateUse1", with_keyset=False)
+
+
+#: ops this module gives kernels of its own, or that must stay composite here
+_HANDLED = frozenset(
+    {"empty", "empty_strided", "_copy_from", "_copy_from_and_resize", "resize_", "copy_"}
+)
+
+
+def _with_cpu_kernels() -> list[str]:
+    """The ATen ops (``packet.overload``) that have a CPU kernel of their own besides a
+    composite one: registered for the device, so that they reach the proxy whole and run
+    the CPU's (or GPU's) kernel there, not a decomposition (which rounds differently:
+    ``native_layer_norm`` decomposes to ``native_batch_norm`` and ``addcmul``)."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    out = []
+    for full in torch._C._dispatch_get_all_op_names():
+        if not full.startswith("aten::") or not has(full, "CPU"):
+            continue
+        if not (
+            has(full, "CompositeExplicitAutograd")
+            or has(full, "CompositeExplicitAutogradNonFunctional")
+        ):
+            continue
+        name = full.removeprefix("aten::")
+        if name.partition(".")[0] in _HANDLED or name.startswith("set_"):
+            continue
+        out.append(name)
+    return out
+
+
+def _kernel(dispatcher: Dispatcher, op: torch._ops.OpOverload) -> Callable[..., Any]:
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        return dispatcher.run(op, args, kwargs)
+
+    return kernel
+
+
+#: the registrations, kept for the life of the process
+_LIBRARIES: list[Any] = []

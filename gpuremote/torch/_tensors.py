@@ -1,0 +1,100 @@
+"""Remote tensors: plain ``torch.Tensor`` objects on the ``gpuremote`` device whose identity
+lives on their storage.
+
+A remote buffer is a storage with a fake data pointer, ``handle << 32`` (never dereferenced:
+no kernel of this process runs on the device), so that every view of it, and every tensor
+autograd saves, names the same buffer. When the storage's last view dies a finalizer frees
+the buffer on the proxy (in order with the calls around it).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["DEVICE", "byte_desc", "describe", "handle_of", "is_remote", "new_tensor"]
+
+#: the name of the device (PyTorch's PrivateUse1 backend, renamed)
+DEVICE = "gpuremote"
+_SHIFT = 32
+_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_set_storage = torch.ops.aten.set_.source_Storage_storage_offset
+#: torch dtype -> its name on the wire
+DTYPE_NAMES: dict[torch.dtype, str] = {
+    getattr(torch, n): n
+    for n in (
+        "bool",
+        "uint8",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "bfloat16",
+        "float32",
+        "float64",
+        "complex64",
+        "complex128",
+    )
+}
+
+
+def extent(sizes: Any, strides: Any, itemsize: int) -> int:
+    """The bytes a tensor of these sizes and strides reaches from its first element."""
+    last = 0
+    for n, st in zip(sizes, strides, strict=True):
+        if n == 0:
+            return 0
+        last += (n - 1) * st
+    return (last + 1) * itemsize
+
+
+def new_tensor(
+    handle: int,
+    nbytes: int,
+    sizes: Any,
+    strides: Any,
+    dtype: torch.dtype,
+    index: int,
+    release: Callable[[int, int], None],
+) -> torch.Tensor:
+    """A tensor over remote buffer ``handle`` of ``nbytes`` on device ``gpuremote:index``;
+    ``release(handle, nbytes)`` frees the buffer when the storage's last view dies."""
+    device = torch.device(DEVICE, index)
+    storage = torch._C._construct_storage_from_data_pointer(handle << _SHIFT, device, nbytes)
+    weakref.finalize(storage, release, handle, nbytes)
+    t = torch._C._acc.create_empty_tensor((0,), dtype)
+    _set_storage.redispatch(_CPU_KEYS, t, storage, 0, list(sizes), list(strides))
+    return t
+
+
+def is_remote(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.device.type == DEVICE
+
+
+def handle_of(t: torch.Tensor) -> int:
+    """The remote buffer tensor ``t`` is a view of."""
+    return int(t.untyped_storage().data_ptr()) >> _SHIFT
+
+
+def describe(t: torch.Tensor) -> list[Any]:
+    """``t`` as a strided tensor on the wire: [handle, offset, sizes, strides, dtype]."""
+    return [
+        int(t.untyped_storage().data_ptr()) >> _SHIFT,
+        t.storage_offset() * t.element_size(),
+        list(t.shape),
+        list(t.stride()),
+        DTYPE_NAMES[t.dtype],
+    ]
+
+
+def byte_desc(t: torch.Tensor) -> list[Any]:
+    """The bytes of contiguous tensor ``t`` as an array on the wire (a flat uint8 array)."""
+    size = t.element_size()
+    return [handle_of(t), t.storage_offset() * size, [t.numel() * size], "uint8"]
