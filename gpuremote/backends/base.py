@@ -179,11 +179,16 @@ class Backend(ReceivedMemory, abc.ABC):
 
         return torch.from_numpy(buf)
 
+    #: a tensor an ATen op made may become a buffer as it is (``adopt_torch`` keeps its
+    #: memory), instead of being copied into one the session allocated
+    keeps_torch_results = True
+
     def adopt_torch(self, tensor: Any) -> Any:
-        """A buffer holding contiguous tensor ``tensor``'s bytes (its memory where it can)."""
+        """A buffer of the bytes of ``tensor``'s storage, which the tensor fills (its memory
+        where the backend can keep it)."""
         import torch
 
-        return tensor.reshape(-1).view(torch.uint8).numpy()
+        return torch.empty(0, dtype=torch.uint8).set_(tensor.untyped_storage()).numpy()
 
     def run_torch(
         self,

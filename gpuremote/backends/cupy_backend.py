@@ -76,10 +76,14 @@ class CupyBackend(Backend):
 
         return torch.from_dlpack(buf)
 
+    #: torch's caching allocator frees in its own stream order, not the session's: copied
+    keeps_torch_results = False
+
     def adopt_torch(self, tensor: Any) -> Any:
         import torch
 
-        return cp.from_dlpack(tensor.reshape(-1).view(torch.uint8))
+        flat = torch.empty(0, dtype=torch.uint8, device=tensor.device)
+        return cp.from_dlpack(flat.set_(tensor.untyped_storage()))
 
     def run_torch(
         self,

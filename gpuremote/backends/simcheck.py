@@ -465,6 +465,11 @@ class SimCheckBackend(SimBackend):
 
         stream.put(job)
 
+    keeps_torch_results = False  # every buffer comes from the checked pool
+
+    def adopt_torch(self, tensor: Any) -> Any:
+        return self.as_buffer(super().adopt_torch(tensor))
+
     def run_torch(
         self,
         job: Callable[[], Any],

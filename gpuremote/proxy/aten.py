@@ -171,6 +171,7 @@ class AtenSession:
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(DEFAULT_SEED)
         self.dtypes = {name: getattr(torch, name) for name in TENSOR_DTYPES}
+        self.operand_memory: set[int] = set()
         self.layouts = {"strided": torch.strided}
         self.formats = {
             name: getattr(torch, name)
@@ -247,6 +248,8 @@ class AtenSession:
         its operands (in order)."""
         allowed = resolve_op(name)
         tensors = [self.tensor(d) for d in descs]
+        #: the memory of the operands: a tensor the op made there is not its own
+        self.operand_memory = {t.untyped_storage().data_ptr() for t in tensors}
         args = [self.decode(a, tensors) for a in encoded[0]]
         kwargs = {k: self.decode(v, tensors) for k, v in encoded[1].items()}
         op = allowed.op
@@ -311,6 +314,48 @@ class AtenSession:
             if 0 not in d.sizes and r.numel():  # (an empty side: a meta kernel's quirk)
                 self.tensor(d).copy_(r)
 
+    def check_outputs(self, outputs: Sequence[TensorDesc]) -> None:
+        """The client's output handles are new and their buffers fit the session's limits
+        (before anything runs)."""
+        s = self.state
+        total = 0
+        for d in outputs:
+            s.check_new(s.buffers, d.handle, "buffer")
+            total += d.extent
+        if s.device_bytes + total > s.limits.max_device_bytes:
+            raise CallFailed(
+                f"outputs of {total} bytes would make this session hold "
+                f"{s.device_bytes + total} bytes; its limit is {s.limits.max_device_bytes}"
+            )
+
+    def keep_outputs(self, name: str, made: Sequence[Any], outputs: Sequence[TensorDesc]) -> None:
+        """Each output's buffer: the tensor the op made, as it is, where it is laid out as
+        the client's metadata says (its memory, no copy); else a new buffer it is copied to."""
+        s = self.state
+        if len(made) != len(outputs):
+            for d in outputs:
+                s.alloc(d.handle, d.extent)
+            raise CallFailed(f"{name} made {len(made)} tensors; the client expected {len(outputs)}")
+        copy: list[tuple[Any, TensorDesc]] = []
+        for r, d in zip(made, outputs, strict=True):
+            if (
+                r.untyped_storage().data_ptr() not in self.operand_memory
+                and d.offset == 0
+                and tuple(r.shape) == d.sizes
+                and tuple(r.stride()) == d.strides
+                and r.storage_offset() == 0
+                and r.untyped_storage().nbytes() == d.extent
+                and self.dtypes[d.dtype] == r.dtype
+                and r.device == self.device
+                and r._base is None
+            ):
+                s.adopt(d.handle, s.backend.adopt_torch(r), d.extent)
+            else:
+                s.alloc(d.handle, d.extent)
+                copy.append((r, d))
+        if copy:
+            self.fill_outputs(name, [r for r, _ in copy], [d for _, d in copy])
+
     def adopt_results(self, name: str, made: Sequence[Any], handles: Sequence[int]) -> list[Any]:
         """Keep what a data-dependent op made, each as a new buffer under the client's
         handle; returns each one's [sizes, dtype]."""
@@ -326,7 +371,15 @@ class AtenSession:
         metas = []
         for h, r in zip(handles, made, strict=True):
             s.check_new(s.buffers, h, "buffer")
-            flat = s.backend.adopt_torch(r.contiguous())
+            nbytes = int(r.numel()) * r.element_size()
+            if (
+                not r.is_contiguous()
+                or r.storage_offset()
+                or r.untyped_storage().nbytes() != nbytes
+                or r.untyped_storage().data_ptr() in self.operand_memory
+            ):
+                r = r.clone(memory_format=self.torch.contiguous_format)  # its own, compact
+            flat = s.backend.adopt_torch(r)
             s.adopt(h, flat, int(r.numel()) * r.element_size())
             metas.append([list(r.shape), str(r.dtype).removeprefix("torch.")])
         return metas

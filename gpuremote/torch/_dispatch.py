@@ -126,7 +126,7 @@ class Dispatcher:
     ) -> tuple[torch.Tensor, list[Any]]:
         """A new tensor (its buffer made by the call it is an output of) and its descriptor."""
         handle = d.session.new_handle()
-        nbytes = extent(sizes, strides, torch.empty((), dtype=dtype).element_size())
+        nbytes = extent(sizes, strides, _itemsize(dtype))
         t = new_tensor(handle, nbytes, sizes, strides, dtype, index, d._release)
         return t, [handle, 0, list(sizes), list(strides), DTYPE_NAMES[dtype]]
 
@@ -138,7 +138,7 @@ class Dispatcher:
         index = (device.index if device is not None else None) or 0
         d = self.driver(index)
         handle = d.session.new_handle()
-        nbytes = extent(sizes, strides, torch.empty((), dtype=dtype).element_size())
+        nbytes = extent(sizes, strides, _itemsize(dtype))
         d.post(_ALLOC, 0, [handle, nbytes])
         return new_tensor(handle, nbytes, sizes, strides, dtype, index, d._release)
 
@@ -323,7 +323,7 @@ class Dispatcher:
                 dtype = getattr(torch, dtype_name)
                 strides = contiguous_strides(sizes)
                 handle = next(new)
-                nbytes = extent(sizes, strides, torch.empty((), dtype=dtype).element_size())
+                nbytes = extent(sizes, strides, _itemsize(dtype))
                 out.append(new_tensor(handle, nbytes, sizes, strides, dtype, index, d._release))
             elif type(value) is dict and "c" in value:
                 out.append(complex(*value["c"]))
@@ -380,6 +380,16 @@ class Dispatcher:
         host = torch.frombuffer(bytearray(got) if got.readonly else got, dtype=torch.uint8)
         dst.copy_(host.view(src.dtype).reshape(src.shape))
         return dst
+
+
+_ITEMSIZE: dict[torch.dtype, int] = {}
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    size = _ITEMSIZE.get(dtype)
+    if size is None:
+        size = _ITEMSIZE[dtype] = torch.empty((), dtype=dtype).element_size()
+    return size
 
 
 def _returns(result: Any, n: int) -> tuple[Any, ...]:
