@@ -160,6 +160,134 @@ def test_a_plain_pytorch_program_gives_the_cpus_results(device: str) -> None:
         assert _same(local[key], remote[key]), key
 
 
+def _ops(dev: str) -> dict[str, Any]:
+    """Ops a program may use, each a function of the device (same inputs on each)."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(4, 5, generator=g).to(dev), torch.randn(4, 5, generator=g).to(dev)
+    img = torch.randn(2, 3, 8, 8, generator=g).to(dev)
+    i, m = torch.tensor([0, 2, 3]).to(dev), (a > 0)
+
+    def seeded(make: Any, *args: Any, **kwargs: Any) -> Any:
+        torch.manual_seed(6)
+        return make(*args, **kwargs).to(dev)
+
+    def setitem(t: torch.Tensor, key: Any, v: Any) -> torch.Tensor:
+        t[key] = v
+        return t
+
+    return {
+        "tensor": lambda: torch.tensor([1.5, 2.5], device=dev),
+        "factories": lambda: (
+            torch.full((2, 3), 7.0, device=dev),
+            torch.eye(3, device=dev),
+            torch.linspace(0, 1, 5, device=dev),
+            torch.arange(0, 1, 0.25, device=dev),
+        ),
+        "indexing": lambda: (a[i], a[:, 1:4:2], a[m], a[i, 1]),
+        "setitem": lambda: (
+            setitem(a.clone(), (slice(None), 1), 5.0),
+            setitem(a.clone(), a > 0, 0.0),
+            a.clone().index_put_((i,), torch.ones(3, 5, device=dev)),
+        ),
+        "gather/scatter": lambda: (
+            a.gather(1, torch.zeros(4, 2, dtype=torch.long, device=dev)),
+            torch.zeros(4, 5, device=dev).scatter_(
+                1, torch.ones(4, 1, dtype=torch.long, device=dev), 1.0
+            ),
+        ),
+        "reductions": lambda: (
+            a.argmax(1),
+            tuple(a.max(dim=1)),
+            tuple(a.sort(1)),
+            a.std(),
+            a.var(1),
+            a.norm(),
+            a.cumprod(1),
+            tuple(a.topk(2, dim=1)),
+        ),
+        "data-dependent": lambda: (
+            torch.unique(torch.tensor([3, 1, 3, 2]).to(dev)),
+            torch.where(m),
+            torch.bincount(i),
+            torch.equal(a, b),
+            torch.allclose(a, a),
+            bool(m.any()),
+        ),
+        "elementwise": lambda: (
+            torch.where(m, a, b),
+            a.masked_fill(m, -1.0),
+            a.clamp(-0.5, 0.5).pow(2).exp().log1p(),
+            torch.tensor([7, -7]).to(dev) // 2,
+            torch.nan_to_num(torch.tensor([float("nan"), 1.0]).to(dev)),
+        ),
+        "linear algebra": lambda: (
+            torch.einsum("ij,kj->ik", a, b),
+            torch.cdist(a, b),
+            torch.bmm(a[None], b.t()[None]),
+        ),
+        "casts": lambda: (a.half(), a.double(), a.to(torch.int32), a.bool(), a.bfloat16()),
+        "shapes": lambda: (
+            torch.stack([a, b]),
+            a.repeat(2, 1),
+            a.flip(0),
+            a.roll(1, 1),
+            a.tril(),
+            torch.cat(a.chunk(2, 1), 1),
+            torch.view_as_real(torch.complex(a, b)),
+        ),
+        "losses": lambda: (
+            F.mse_loss(a, b),
+            F.binary_cross_entropy_with_logits(a, (b > 0).float()),
+            F.kl_div(F.log_softmax(a, 1), F.softmax(b, 1), reduction="batchmean"),
+        ),
+        "vision": lambda: (
+            F.interpolate(img, scale_factor=2, mode="bilinear"),
+            F.interpolate(img, size=(5, 5)),
+            F.adaptive_avg_pool2d(img, 3),
+            F.pad(img, (1, 1, 2, 0), mode="reflect"),
+            F.unfold(img, 2),
+            seeded(nn.ConvTranspose2d, 3, 2, 3, stride=2)(img),
+            seeded(nn.GroupNorm, 1, 3)(img),
+            seeded(nn.InstanceNorm2d, 3)(img),
+        ),
+        "embedding_bag": lambda: F.embedding_bag(
+            i,
+            torch.randn(10, 3, generator=torch.Generator().manual_seed(2)).to(dev),
+            torch.tensor([0, 2]).to(dev),
+        ),
+    }
+
+
+def _host(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.cpu()
+    if isinstance(x, (tuple, list)):
+        return [_host(y) for y in x]
+    return x
+
+
+def test_the_ops_a_program_uses_give_the_cpus_results(device: str) -> None:
+    local = {k: _host(f()) for k, f in _ops("cpu").items()}
+    for name, f in _ops(device).items():
+        assert _same(local[name], _host(f())), name
+
+
+def test_recurrent_layers_run_and_train(device: str) -> None:
+    """ATen's LSTM and GRU take fused cells on any device but the CPU: here they run as the
+    cells' arithmetic (equal to the CPU's within rounding)."""
+    for layer in (nn.LSTM, nn.GRU):
+        results = []
+        for dev in ("cpu", device):
+            torch.manual_seed(5)
+            rnn = layer(4, 6, batch_first=True).to(dev)
+            x = torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(3)).to(dev)
+            out = rnn(x)[0]
+            out.sum().backward()
+            results.append([out.detach().cpu(), *(p.grad.cpu() for p in rnn.parameters())])
+        for a, b in zip(*results, strict=True):
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("name", ["resnet18", "bert", "gpt2"])
 def test_the_papers_models_train_as_on_the_cpu(device: str, name: str) -> None:
     w = workload(name, "small")

@@ -15,14 +15,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 
-from ..wire.calls import CALLS_BY_NAME
+from ..wire.calls import CALLS_BY_NAME, Arg, Resource
 from ..wire.protocol import BadCommandAt, Command, ErrorInfo, Reply
 from .handlers import HANDLERS
 from .handlers.steps import make_results
 from .state import (
     CALL_FAILURES,
     BatchContext,
-    CallFailed,
     PeerReads,
     ReplayFailed,
     SessionLimits,
@@ -110,11 +109,19 @@ class Executor(SessionState):
         """``cmd`` is not run: an earlier call on its stream failed. What it would have made
         is made (empty), so that later calls naming it do not fail for that."""
         self.skipped += 1
-        name, args = cmd.spec.name, cmd.args
-        if name == "launch_new":
-            with contextlib.suppress(CallFailed):
-                self.alloc_outputs(args[2])
-        elif name == "peer_import" and self.peers is not None:
+        spec, args = cmd.spec, cmd.args
+        name = spec.name
+        for i, resource in spec.creates:  # new outputs named by descriptor: made, empty
+            kind = spec.args[i].kind
+            if resource is not Resource.BUFFER or kind not in (Arg.ARRAYS, Arg.TENSORS):
+                continue
+            for d in args[i]:
+                with contextlib.suppress(*CALL_FAILURES):
+                    if kind is Arg.ARRAYS:
+                        self.alloc_outputs((d,))
+                    else:
+                        self.alloc(d.handle, d.extent)
+        if name == "peer_import" and self.peers is not None:
             with contextlib.suppress(Exception):  # its fetched data is let go
                 self.peers.take(args[1], args[2])
         elif name == "step_replay":

@@ -107,6 +107,11 @@ def install(dispatcher: Dispatcher) -> None:
 
     for key in ("PrivateUse1", "AutogradPrivateUse1"):
         lib.impl("scaled_dot_product_attention", attention, key)
+        # ATen's recurrent layers take fused cells on every device but the CPU, kernels that
+        # only CUDA has: the cells' arithmetic here, in ops any proxy runs (autograd
+        # differentiates them; results as the CPU's within rounding, not bitwise)
+        lib.impl("_thnn_fused_lstm_cell", _lstm_cell, key)
+        lib.impl("_thnn_fused_gru_cell", _gru_cell, key)
     lib.impl("convolution_overrideable", convolution, "PrivateUse1")
     lib.impl("convolution_backward_overrideable", convolution_backward, "PrivateUse1")
     lib.impl("empty.memory_format", empty_memory_format, "PrivateUse1")
@@ -126,6 +131,40 @@ def install(dispatcher: Dispatcher) -> None:
     fb = torch.library.Library("_", "IMPL")
     _LIBRARIES.append(fb)
     fb.fallback(fallback, dispatch_key="PrivateUse1", with_keyset=False)
+
+
+def _lstm_cell(
+    input_gates: torch.Tensor,
+    hidden_gates: torch.Tensor,
+    cx: torch.Tensor,
+    input_bias: torch.Tensor | None = None,
+    hidden_bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gates = input_gates + hidden_gates
+    if input_bias is not None and hidden_bias is not None:
+        gates = gates + input_bias + hidden_bias
+    i, f, g, o = gates.chunk(4, 1)
+    cy = f.sigmoid() * cx + i.sigmoid() * g.tanh()
+    hy = o.sigmoid() * cy.tanh()
+    return hy, cy, gates  # (the workspace: what a fused backward would read)
+
+
+def _gru_cell(
+    input_gates: torch.Tensor,
+    hidden_gates: torch.Tensor,
+    hx: torch.Tensor,
+    input_bias: torch.Tensor | None = None,
+    hidden_bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if input_bias is not None and hidden_bias is not None:
+        input_gates = input_gates + input_bias
+        hidden_gates = hidden_gates + hidden_bias
+    ir, ii, in_ = input_gates.chunk(3, 1)
+    hr, hi, hn = hidden_gates.chunk(3, 1)
+    reset = (ir + hr).sigmoid()
+    update = (ii + hi).sigmoid()
+    new = (in_ + reset * hn).tanh()
+    return (hx - new) * update + new, torch.cat([input_gates, hidden_gates], 1)
 
 
 #: ops this module gives kernels of its own, or that must stay composite here
