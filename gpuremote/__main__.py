@@ -1,3 +1,6 @@
+"""``python -m gpuremote``: the ``gpuremote`` command."""
+
 from gpuremote.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # (imported, as documentation tools do, it runs nothing)
+    raise SystemExit(main())

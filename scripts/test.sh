@@ -2,7 +2,13 @@
 # Install gpuremote with its test tools into .venv, then lint, type-check and run the tests.
 set -euo pipefail
 # torch: the exact version whose private backend APIs gpuremote.torch is tested with, first
-PREINSTALL="torch==2.13.0" EXTRAS="test,ray,torch" source "$(dirname "$0")/_venv.sh"
+PREINSTALL="torch==2.13.0" EXTRAS="test,ray,torch,docs" source "$(dirname "$0")/_venv.sh"
+# a headless browser for the docs site's test (Debian's chromium), where apt can install it;
+# without one that test skips, saying why
+if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    { apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; } \
+        >/dev/null 2>&1 || echo "chromium did not install: the docs' browser test will skip" >&2
+fi
 # ucx:// (the [ucx] extra): its tests run where ucxx installs, and skip, with the reason, where not
 if ! .venv/bin/python -c "import ucxx" 2>/dev/null; then
     .venv/bin/python -m pip install --quiet -e ".[ucx]" \
@@ -12,4 +18,6 @@ fi
 .venv/bin/ruff format --check gpuremote transports bench tests examples
 .venv/bin/mypy gpuremote transports bench
 ./scripts/lint_imports.sh  # the layers: import-linter's contracts in pyproject.toml
+# the documentation site: a broken link or reference fails the build
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$(mktemp -d)"
 .venv/bin/python -m pytest "$@"

@@ -181,6 +181,8 @@ class _Info:
 
 
 def __array_namespace_info__() -> _Info:
+    """The namespace's inspection object (the standard's ``__array_namespace_info__``):
+    its capabilities, default device and dtypes, and the devices open."""
     return _Info()
 
 
