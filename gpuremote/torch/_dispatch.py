@@ -79,6 +79,18 @@ class _Plan:
             self.returns.append(source)
 
 
+class _Uploads(dict[int, Callable[[torch.Tensor], torch.Tensor]]):
+    """Device index -> its uploader of CPU scalars, made on first use."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        super().__init__()
+        self._dispatcher = dispatcher
+
+    def __missing__(self, index: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        upload = self[index] = self._dispatcher.upload_scalar(index)
+        return upload
+
+
 def _argument(args: Sequence[Any], kwargs: dict[str, Any], where: tuple[int, str]) -> Any:
     i, name = where
     return args[i] if i < len(args) else kwargs[name]
@@ -91,11 +103,13 @@ class Dispatcher:
         #: device index -> the session serving it
         self.drivers: dict[int, SyncDriver] = {}
         self._connect_default = connect_default
-        self._plans: dict[Any, _Plan] = {}
+        self._plans: dict[int, _Plan] = {}
         #: (op, signature) -> the metadata of its new outputs, or the proxy's answer
         self._metas: dict[Any, Any] = {}
         self._lock = threading.Lock()
         self.seed: int | None = None
+        #: device index -> what uploads a CPU scalar operand to it
+        self._uploads = _Uploads(self)
 
     # -- sessions --------------------------------------------------------------------------
     def driver(self, index: int | None) -> SyncDriver:
@@ -121,15 +135,6 @@ class Dispatcher:
                 d.post(_SEED, 0, [self.seed])
 
     # -- tensors ---------------------------------------------------------------------------
-    def _new(
-        self, d: SyncDriver, index: int, sizes: Any, strides: Any, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, list[Any]]:
-        """A new tensor (its buffer made by the call it is an output of) and its descriptor."""
-        handle = d.session.new_handle()
-        nbytes = extent(sizes, strides, _itemsize(dtype))
-        t = new_tensor(handle, nbytes, sizes, strides, dtype, index, d._release)
-        return t, [handle, 0, list(sizes), list(strides), DTYPE_NAMES[dtype]]
-
     def empty(
         self, sizes: Any, strides: Any, dtype: torch.dtype | None, device: torch.device | None
     ) -> torch.Tensor:
@@ -154,9 +159,9 @@ class Dispatcher:
 
     # -- the fallback ----------------------------------------------------------------------
     def plan(self, op: torch._ops.OpOverload) -> _Plan:
-        plan = self._plans.get(op)
+        plan = self._plans.get(id(op))  # (ops live as long as the process: ids are theirs)
         if plan is None:
-            plan = self._plans[op] = _Plan(op)
+            plan = self._plans[id(op)] = _Plan(op)
         return plan
 
     def run(self, op: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -165,13 +170,13 @@ class Dispatcher:
         if plan.view:
             return op.redispatch(_CPU_KEYS, *args, **kwargs)
         tensors: list[torch.Tensor] = []
-        index = self._index_of(args, kwargs)
-        encode = Encoder(tensors, self.upload_scalar(index))
+        index = self._index_of(args, kwargs) if len(self.drivers) > 1 else 0
+        encode = Encoder(tensors, self._uploads[index])
         wire_args = [[encode(a) for a in args], {k: encode(v) for k, v in kwargs.items()}]
         d = self.driver(index)
         if plan.dynamic:
             return self._dynamic(d, index, op, plan, tensors, wire_args, args, kwargs)
-        key = (op, encode.signature())
+        key = (plan, encode.signature())
         metas = self._metas.get(key)
         if metas is None:
             metas = self._infer(op, args, kwargs)
@@ -183,16 +188,21 @@ class Dispatcher:
         outputs: list[torch.Tensor | None] = []
         descs: list[list[Any]] = []
         news, resized, counts = metas
+        new_handle, release = d.session.new_handle, d._release
         for meta in news:
             if meta is None:  # an undefined tensor (a gradient not asked for)
                 outputs.append(None)
                 continue
-            t, desc = self._new(d, index, *meta)
-            outputs.append(t)
-            descs.append(desc)
-        for source, sizes, strides in resized:  # an out= tensor the op resizes
-            restride(_argument(args, kwargs, source), sizes, strides)
-        d.post(_ATEN, 0, [plan.name, [describe(t) for t in tensors], wire_args, descs])
+            sizes, strides, dtype, nbytes, name = meta
+            handle = new_handle()
+            outputs.append(new_tensor(handle, nbytes, sizes, strides, dtype, index, release))
+            descs.append([handle, 0, sizes, strides, name])
+        operands = encode.descs
+        if resized:  # an out= tensor the op resizes (then described again)
+            for source, sizes, strides in resized:
+                restride(_argument(args, kwargs, source), sizes, strides)
+            operands = [describe(t) for t in tensors]
+        d.post(_ATEN, 0, [plan.name, operands, wire_args, descs])
         return self._result(plan, args, kwargs, iter(outputs), counts)
 
     def _index_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
@@ -241,7 +251,7 @@ class Dispatcher:
             raise  # the arguments' error, as the local op raises it
         plan = self.plan(op)
         results = _returns(result, len(plan.returns))
-        news: list[tuple[list[int], list[int], torch.dtype] | None] = []
+        news: list[tuple[list[int], list[int], torch.dtype, int, str] | None] = []
         resized: list[tuple[tuple[int, str], list[int], list[int]]] = []
         counts: list[int] = []  # per return made: its number of tensors (-1: one, not a list)
         for source, r in zip(plan.returns, results, strict=True):
@@ -253,7 +263,12 @@ class Dispatcher:
                 continue
             many = isinstance(r, (list, tuple))
             for t in r if many else (r,):
-                news.append(None if t is None else (list(t.shape), list(t.stride()), t.dtype))
+                if t is None:
+                    news.append(None)
+                    continue
+                sizes, strides = list(t.shape), list(t.stride())
+                nbytes = extent(sizes, strides, _itemsize(t.dtype))
+                news.append((sizes, strides, t.dtype, nbytes, DTYPE_NAMES[t.dtype]))
             counts.append(len(r) if many else -1)
         return news, resized, counts
 
@@ -291,7 +306,7 @@ class Dispatcher:
         ask_once = plan.name.split(".")[0] in _ASK_ONCE
         key = None
         if ask_once:
-            key = (op, Encoder(list(tensors), self.upload_scalar(index)).signature_of(args, kwargs))
+            key = (plan, Encoder(list(tensors), self._uploads[index]).signature_of(args, kwargs))
             answer = self._metas.get(key)
             if answer is not None:
                 return answer

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ._tensors import DEVICE, DTYPE_NAMES, is_remote
+from ._tensors import DEVICE, DTYPE_NAMES, SHIFT, is_remote
 
 __all__ = ["Encoder"]
 
@@ -24,21 +24,33 @@ class Encoder:
         self.tensors = tensors
         self.upload = upload
         self.sig: list[Any] = []
+        #: each tensor's wire form [handle, offset, sizes, strides, dtype], as encoded
+        self.descs: list[list[Any]] = []
 
     def __call__(self, a: Any) -> Any:
         if a is None or type(a) in (bool, int, float, str):
             self.sig.append(a)
             return a
         if isinstance(a, torch.Tensor):
-            if not is_remote(a):
-                if a.dim() != 0:
+            if a.is_cpu or not is_remote(a):
+                if a.dim() != 0 or not a.is_cpu:
                     raise RuntimeError(
                         f"Expected all tensors to be on the same device, but found a {a.device} "
                         f"tensor of shape {list(a.shape)} beside {DEVICE} tensors"
                     )
                 a = self.upload(a)
+            shape, stride, dtype = a.shape, a.stride(), a.dtype
             self.tensors.append(a)
-            self.sig.append((tuple(a.shape), a.stride(), a.dtype))
+            self.descs.append(
+                [
+                    a.untyped_storage().data_ptr() >> SHIFT,
+                    a.storage_offset() * a.element_size(),
+                    list(shape),
+                    list(stride),
+                    DTYPE_NAMES[dtype],
+                ]
+            )
+            self.sig.append((tuple(shape), stride, dtype))
             return {"t": len(self.tensors) - 1}
         if isinstance(a, (list, tuple)):
             self.sig.append("[")

@@ -19,7 +19,9 @@ __all__ = ["DEVICE", "byte_desc", "describe", "handle_of", "is_remote", "new_ten
 
 #: the name of the device (PyTorch's PrivateUse1 backend, renamed)
 DEVICE = "gpuremote"
-_SHIFT = 32
+#: a remote buffer's fake data pointer is its handle shifted by this
+SHIFT = 32
+_SHIFT = SHIFT
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset
 #: torch dtype -> its name on the wire
@@ -66,12 +68,27 @@ def new_tensor(
 ) -> torch.Tensor:
     """A tensor over remote buffer ``handle`` of ``nbytes`` on device ``gpuremote:index``;
     ``release(handle, nbytes)`` frees the buffer when the storage's last view dies."""
-    device = torch.device(DEVICE, index)
+    device = _DEVICES.get(index)
+    if device is None:
+        device = _DEVICES[index] = torch.device(DEVICE, index)
     storage = torch._C._construct_storage_from_data_pointer(handle << _SHIFT, device, nbytes)
-    weakref.finalize(storage, release, handle, nbytes)
+    _LIVE[weakref.ref(storage, _died)] = (release, handle, nbytes)
     t = torch._C._acc.create_empty_tensor((0,), dtype)
-    _set_storage.redispatch(_CPU_KEYS, t, storage, 0, list(sizes), list(strides))
+    _set_storage._handle.redispatch_boxed(_CPU_KEYS, t, storage, 0, sizes, strides)
     return t
+
+
+_DEVICES: dict[int, torch.device] = {}
+#: the storages alive (weakly) -> how to free their buffers when they die
+_LIVE: dict[weakref.ref[Any], tuple[Callable[[int, int], None], int, int]] = {}
+
+
+def _died(ref: weakref.ref[Any]) -> None:
+    """A storage's last view died: its buffer is freed (from any thread)."""
+    entry = _LIVE.pop(ref, None)
+    if entry is not None:
+        release, handle, nbytes = entry
+        release(handle, nbytes)
 
 
 def is_remote(t: Any) -> bool:
