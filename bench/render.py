@@ -163,7 +163,21 @@ def _or_dash(v: float | None, fmt: str = ",.1f") -> str:
 
 
 def torch_ops_view(state: dict[str, Any]) -> RenderableType:
-    """``bench ops --workload``: each PyTorch workload's step, remote beside local."""
+    """``bench ops --workload``: each PyTorch workload's step, remote beside local (and the
+    single ops' client CPU, for ``--workload ops``)."""
+    steps = _torch_steps_table(state)
+    ops = state.get("ops")
+    if not ops:
+        return steps
+    table = result_table(
+        "gpuremote bench ops: one PyTorch op on 16 floats, the client's CPU",
+        ("op", "local µs", "remote (client) µs"),
+        [(o["op"], f"{o['local_cpu_us']:.1f}", f"{o['client_cpu_us']:.1f}") for o in ops],
+    )
+    return Group(table, steps) if state["workloads"] else table
+
+
+def _torch_steps_table(state: dict[str, Any]) -> RenderableType:
     return result_table(
         f"gpuremote bench ops: PyTorch training steps ({state['size']} sizes), "
         f"{state['url']} ({state['transport']})",

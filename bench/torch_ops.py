@@ -8,7 +8,8 @@ that the machine's drift hits both alike. Per step: wall time (p50, p90) on each
 their ratio; the client's CPU (this process, every thread) and the proxy's (its own process
 CPU, from its ``stats``); the ATen calls the step made and the client's CPU per call; frames
 sent and round trips. ``--size small`` (default) or ``real`` (the paper's sizes; each model
-says what it is).
+says what it is). The workload ``ops`` measures single ops instead (``OP_CASES`` on 16
+floats): the client's CPU per op, remote beside local, gpuremote's own cost per ATen call.
 """
 
 from __future__ import annotations
@@ -101,6 +102,55 @@ def _proxy_cpu(conn: Any, in_process: bool) -> float | None:
     return float(cpu) if isinstance(cpu, int | float) else None
 
 
+#: single ops, for ``--workload ops``: what gpuremote's client spends on one ATen call
+#: (``a``: 16 floats, ``w``: 4x4)
+OP_CASES: dict[str, Callable[[Any, Any], Any]] = {
+    "a + a": lambda a, w: a + a,
+    "a.add_(1.0)": lambda a, w: a.add_(1.0),
+    "w @ w": lambda a, w: w @ w,
+    "a.relu()": lambda a, w: a.relu(),
+    "w.view(-1)": lambda a, w: w.view(-1),
+}
+
+
+def _op_cases(
+    conn: Any, rounds: int, report: Callable[[dict[str, Any]], None], base: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Client CPU per op for ``OP_CASES`` on 16-float tensors (medians of ``rounds`` rounds
+    of 2,000), remote beside local (the same op on the CPU)."""
+    import torch
+
+    rows = []
+    for code, op in OP_CASES.items():
+        per_dev = {}
+        for dev in ("cpu", "gpuremote"):
+            a, w = torch.ones(16, device=dev), torch.ones(4, 4, device=dev)
+
+            def fn(op: Callable[[Any, Any], Any] = op, a: Any = a, w: Any = w) -> Any:
+                return op(a, w)
+
+            for _ in range(300):
+                fn()
+            samples = []
+            for _ in range(rounds):
+                c0 = time.process_time()
+                for _ in range(2000):
+                    fn()
+                samples.append((time.process_time() - c0) / 2000)
+                if dev == "gpuremote":
+                    conn.synchronize()
+            per_dev[dev] = float(np.median(samples))
+        rows.append(
+            {
+                "op": code,
+                "local_cpu_us": 1e6 * per_dev["cpu"],
+                "client_cpu_us": 1e6 * per_dev["gpuremote"],
+            }
+        )
+        report({**base, "workloads": [], "ops": rows})
+    return rows
+
+
 def _measure(
     names: list[str],
     size: str,
@@ -119,7 +169,12 @@ def _measure(
     rows: list[dict[str, Any]] = []
     in_process = url is None
     with _connected(url, backend) as conn:
+        ops = _op_cases(conn, rounds, report, base) if "ops" in names else None
+        if ops is not None:
+            base = {**base, "ops": ops}
         for name in names:
+            if name == "ops":
+                continue
             w = workload(name, size)
             torch.manual_seed(0)
             models = {dev: w.make().to(dev) for dev in ("cpu", "gpuremote")}
