@@ -324,14 +324,17 @@ class AtenSession:
         """The client's output handles are new and their buffers fit the session's limits
         (before anything runs)."""
         s = self.state
-        total = 0
         for d in outputs:
             s.check_new(s.buffers, d.handle, "buffer")
-            total += d.extent
-        if s.device_bytes + total > s.limits.max_device_bytes:
+        self._room("outputs", sum(d.extent for d in outputs))
+
+    def _room(self, what: str, nbytes: int) -> None:
+        """``nbytes`` more keep the session within its memory limit (else ``CallFailed``)."""
+        s = self.state
+        if s.device_bytes + nbytes > s.limits.max_device_bytes:
             raise CallFailed(
-                f"outputs of {total} bytes would make this session hold "
-                f"{s.device_bytes + total} bytes; its limit is {s.limits.max_device_bytes}"
+                f"{what} of {nbytes} bytes would make this session hold "
+                f"{s.device_bytes + nbytes} bytes; its limit is {s.limits.max_device_bytes}"
             )
 
     def keep_outputs(self, name: str, made: Sequence[Any], outputs: Sequence[TensorDesc]) -> None:
@@ -368,12 +371,7 @@ class AtenSession:
         if len(made) != len(handles):
             raise CallFailed(f"{name} made {len(made)} tensors; the client named {len(handles)}")
         s = self.state
-        total = sum(int(r.numel()) * r.element_size() for r in made)
-        if s.device_bytes + total > s.limits.max_device_bytes:
-            raise CallFailed(
-                f"{name}'s results of {total} bytes would make this session hold "
-                f"{s.device_bytes + total} bytes; its limit is {s.limits.max_device_bytes}"
-            )
+        self._room(f"{name}'s results", sum(int(r.numel()) * r.element_size() for r in made))
         metas = []
         for h, r in zip(handles, made, strict=True):
             s.check_new(s.buffers, h, "buffer")

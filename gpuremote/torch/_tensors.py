@@ -15,7 +15,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["DEVICE", "byte_desc", "describe", "handle_of", "is_remote", "new_tensor"]
+from ..wire.protocol import extent
+
+__all__ = ["DEVICE", "byte_desc", "describe", "extent", "handle_of", "is_remote", "new_tensor"]
 
 #: the name of the device (PyTorch's PrivateUse1 backend, renamed)
 DEVICE = "gpuremote"
@@ -45,16 +47,6 @@ DTYPE_NAMES: dict[torch.dtype, str] = {
         "complex128",
     )
 }
-
-
-def extent(sizes: Any, strides: Any, itemsize: int) -> int:
-    """The bytes a tensor of these sizes and strides reaches from its first element."""
-    last = 0
-    for n, st in zip(sizes, strides, strict=True):
-        if n == 0:
-            return 0
-        last += (n - 1) * st
-    return (last + 1) * itemsize
 
 
 def new_tensor(

@@ -216,32 +216,24 @@ def _tokens(vocab: int, batch: int, seq: int) -> Callable[..., tuple[torch.Tenso
 _DROPOUT = 0.1
 
 
-def _bert(size: str) -> Workload:
+def _language_model(name: str, size: str) -> Workload:
+    """BERT-style or GPT-2-style: small, or BERT-base / GPT-2-small shapes."""
+    bert = name == "bert"
+    small = size == "small"
     vocab, d, heads, layers, batch, seq = (
-        (100, 32, 4, 2, 4, 16) if size == "small" else (30522, 768, 12, 12, 8, 128)
+        (100, 32, 4, 2, 4, 16)
+        if small
+        else ((30522, 768, 12, 12, 8, 128) if bert else (50257, 768, 12, 12, 4, 128))
     )
-    p = 0.0 if size == "small" else _DROPOUT
+    p = 0.0 if small else _DROPOUT
+    kind, model = ("BERT-style encoder", BertEncoder) if bert else ("GPT-2-style decoder", GPT2)
+    max_len = 512 if bert else 1024
     return Workload(
-        "bert",
-        lambda: BertEncoder(vocab, d, heads, layers, 512, dropout=p),
+        name,
+        lambda: model(vocab, d, heads, layers, max_len, dropout=p),
         _tokens(vocab, batch, seq),
         _next_token,
-        f"BERT-style encoder: {layers} layers, d={d}, {heads} heads, vocab {vocab}, "
-        f"batch {batch} x {seq} tokens",
-    )
-
-
-def _gpt2(size: str) -> Workload:
-    vocab, d, heads, layers, batch, seq = (
-        (100, 32, 4, 2, 4, 16) if size == "small" else (50257, 768, 12, 12, 4, 128)
-    )
-    p = 0.0 if size == "small" else _DROPOUT
-    return Workload(
-        "gpt2",
-        lambda: GPT2(vocab, d, heads, layers, 1024, dropout=p),
-        _tokens(vocab, batch, seq),
-        _next_token,
-        f"GPT-2-style decoder: {layers} layers, d={d}, {heads} heads, vocab {vocab}, "
+        f"{kind}: {layers} layers, d={d}, {heads} heads, vocab {vocab}, "
         f"batch {batch} x {seq} tokens",
     )
 
@@ -249,8 +241,8 @@ def _gpt2(size: str) -> Workload:
 #: workload name -> its maker, by size ("small" or "real")
 WORKLOADS: dict[str, Callable[[str], Workload]] = {
     "resnet18": _resnet,
-    "bert": _bert,
-    "gpt2": _gpt2,
+    "bert": lambda size: _language_model("bert", size),
+    "gpt2": lambda size: _language_model("gpt2", size),
 }
 
 

@@ -186,6 +186,17 @@ def _launch(outputs: Use) -> tuple[Param, ...]:
     )
 
 
+def _aten(outputs: Param) -> tuple[Param, ...]:
+    """The arguments of ``aten`` and ``aten_dynamic``: the op, its tensor operands (in-place
+    and out= ops write them), its other arguments, and what it makes."""
+    return (
+        Param("op", Arg.NAME),
+        Param("tensors", Arg.TENSORS, _R | _W),
+        Param("args", Arg.ATEN_ARGS),
+        outputs,
+    )
+
+
 def _admin(name: str, opcode: int, args: tuple[Param, ...], doc: str) -> CallSpec:
     """A SYNC call about the session itself (the handshake, figures), not device work."""
     return CallSpec(name, opcode, _S, args, doc, on_stream=False, admin=True)
@@ -356,12 +367,7 @@ CALLS: tuple[CallSpec, ...] = (
         "aten",
         70,
         _A,
-        (
-            Param("op", Arg.NAME),
-            Param("tensors", Arg.TENSORS, _R | _W),  # in-place and out= ops write operands
-            Param("args", Arg.ATEN_ARGS),
-            Param("outputs", Arg.TENSORS, _C),
-        ),
+        _aten(Param("outputs", Arg.TENSORS, _C)),
         "run an allow-listed ATen op on strided views of the session's buffers; each tensor "
         "it returns that is not an operand fills a new buffer, as the client's metadata says",
         random=True,
@@ -370,12 +376,7 @@ CALLS: tuple[CallSpec, ...] = (
         "aten_dynamic",
         71,
         _S,
-        (
-            Param("op", Arg.NAME),
-            Param("tensors", Arg.TENSORS, _R | _W),
-            Param("args", Arg.ATEN_ARGS),
-            Param("outputs", Arg.HANDLES, _C),
-        ),
+        _aten(Param("outputs", Arg.HANDLES, _C)),
         "run an ATen op whose results depend on the data (shapes, scalars): each tensor it "
         "returns becomes a new buffer under the given handles; returns the results' metadata",
         random=True,

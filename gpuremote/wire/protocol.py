@@ -14,7 +14,7 @@ proxy uses it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import msgpack
@@ -73,6 +73,7 @@ __all__ = [
     "encode_notice",
     "encode_replies",
     "encode_request",
+    "extent",
     "fatal_error",
     "request_local_calls",
 ]
@@ -145,6 +146,16 @@ TENSOR_DTYPES: dict[str, int] = {
 }
 
 
+def extent(sizes: Sequence[int], strides: Sequence[int], itemsize: int) -> int:
+    """The bytes a strided tensor reaches from its first element (0 if it has none)."""
+    last = 0
+    for n, st in zip(sizes, strides, strict=True):
+        if n == 0:
+            return 0
+        last += (n - 1) * st
+    return (last + 1) * itemsize
+
+
 class TensorDesc(NamedTuple):
     """A strided tensor in a device buffer (PyTorch's view of memory): element ``(i, j, ...)``
     lies at ``offset + (i * strides[0] + j * strides[1] + ...) * itemsize`` bytes into buffer
@@ -160,13 +171,7 @@ class TensorDesc(NamedTuple):
     def extent(self) -> int:
         """The end, in bytes into the buffer, of the last byte the tensor reaches (its
         offset when it has no elements)."""
-        itemsize = TENSOR_DTYPES[self.dtype]
-        last = 0
-        for n, st in zip(self.sizes, self.strides, strict=True):
-            if n == 0:
-                return self.offset
-            last += (n - 1) * st
-        return self.offset + (last + 1) * itemsize
+        return self.offset + extent(self.sizes, self.strides, TENSOR_DTYPES[self.dtype])
 
     def encode(self) -> list[Any]:
         return [self.handle, self.offset, list(self.sizes), list(self.strides), self.dtype]

@@ -28,7 +28,7 @@ from typing import Any
 import msgpack
 
 from ...wire.calls import BUFFER, CALLS, CALLS_BY_OPCODE, Arg, CallSpec, Resource
-from ...wire.protocol import DTYPES, TENSOR_DTYPES
+from ...wire.protocol import DTYPES, TENSOR_DTYPES, extent
 
 __all__ = [
     "RNG",
@@ -404,17 +404,8 @@ def _creates_tensors(ledger: Ledger, spec: CallSpec, args: list[Any], i: int, *_
     for t in args[i]:  # new tensors, each filling a new buffer from its start
         h = t[0]
         if h not in live:
-            live[h] = t[1] + _extent(t[2], t[3], TENSOR_DTYPES[t[4]])
+            live[h] = t[1] + extent(t[2], t[3], TENSOR_DTYPES[t[4]])
         dirty.add(h)
-
-
-def _extent(sizes: list[int], strides: list[int], itemsize: int) -> int:
-    last = 0
-    for n, st in zip(sizes, strides, strict=True):
-        if n == 0:
-            return 0
-        last += (n - 1) * st
-    return (last + 1) * itemsize
 
 
 def _creates_sized(ledger: Ledger, spec: CallSpec, args: list[Any], i: int, *_: Any) -> None:
