@@ -39,9 +39,10 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor):
         if a.dtype != b.dtype or a.shape != b.shape:
             return False
-        if _EXACT["exact"] or not a.is_floating_point():
+        if _EXACT["exact"] or not (a.is_floating_point() or a.is_complex()):
             return torch.equal(a, b)
-        return torch.allclose(a, b, rtol=1e-4, atol=1e-5)
+        low = a.dtype in (torch.float16, torch.bfloat16)  # a GPU's half-precision kernels
+        return torch.allclose(a, b, rtol=1e-2 if low else 1e-4, atol=1e-2 if low else 1e-5)
     if isinstance(a, float) and not _EXACT["exact"]:
         return abs(a - b) <= 1e-4 * max(1.0, abs(a))
     if isinstance(a, dict):
@@ -157,6 +158,8 @@ def test_a_plain_pytorch_program_gives_the_cpus_results(device: str) -> None:
     local["load device"] = {"gpuremote"}
     remote = _program(device)
     for key in local:
+        if key == "repr" and not _EXACT["exact"]:
+            continue  # a GPU's last digits differ, and printing shows them
         assert _same(local[key], remote[key]), key
 
 
@@ -348,7 +351,12 @@ def test_the_devices_generator_is_seeded_by_torch_manual_seed(device: str) -> No
     local = torch.randn(5), torch.rand(3)
     torch.manual_seed(123)
     remote = torch.randn(5, device=device), torch.rand(3, device=device)
-    assert _same(local, tuple(t.cpu() for t in remote))
+    again = torch.randn(5, device=device)
+    torch.manual_seed(123)
+    assert torch.equal(torch.randn(5, device=device).cpu(), remote[0].cpu())  # reseeded
+    assert not torch.equal(again.cpu(), remote[0].cpu())
+    if _EXACT["exact"]:  # a CPU proxy's generator is the CPU's (a GPU's draws otherwise)
+        assert _same(local, tuple(t.cpu() for t in remote))
     drop = F.dropout(torch.ones(1000, device=device), 0.5)
     assert 300 < int((drop == 0).sum().item()) < 700
 
