@@ -361,6 +361,21 @@ def test_the_devices_generator_is_seeded_by_torch_manual_seed(device: str) -> No
     assert 300 < int((drop == 0).sum().item()) < 700
 
 
+def test_torch_compile_runs_its_graphs_op_by_op_on_the_device(device: str) -> None:
+    """``backend="aot_eager"``: the forward and backward graphs' ATen ops run on the device
+    as eager ones do (a backend that ships graphs whole is another issue's)."""
+    results = []
+    for dev in ("cpu", device):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 2)).to(dev)
+        f = torch.compile(m, backend="aot_eager")
+        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1)).to(dev)
+        y = f(x)
+        y.square().sum().backward()
+        results.append([y.detach().cpu(), *(p.grad.cpu() for p in m.parameters())])
+    assert _same(results[0], results[1])
+
+
 def test_stats_have_the_keys_of_the_async_api(device: str) -> None:
     stats = gt.stats()
     for key in ("frames_sent", "round_trips", "bytes_sent", "calls"):
