@@ -376,6 +376,30 @@ def test_torch_compile_runs_its_graphs_op_by_op_on_the_device(device: str) -> No
     assert _same(results[0], results[1])
 
 
+def test_a_simulated_gpu_times_aten_ops_by_their_work() -> None:
+    """``sim:a100``: each ATen op takes the roofline time of its FLOPs (torch's formulas:
+    matrix products, convolutions, attention) and bytes, at least the kernel floor."""
+    from gpuremote.backends.profiles import PROFILES
+
+    a100 = PROFILES["a100"]
+    with gt.connect_local("sim:a100") as conn:
+        backend = conn.drivers[0]._proxy.backend
+        a = torch.randn(512, 512).to("gpuremote")
+        conn.synchronize()
+
+        def timed(fn: Any) -> float:
+            before = backend.timing()[0]
+            fn()
+            conn.synchronize()
+            return float(backend.timing()[0] - before)
+
+        flops, nbytes = 2 * 512**3, 3 * 512 * 512 * 4
+        mm = max(flops / a100.matmul_flops["float32"], nbytes / a100.mem_bw)
+        assert timed(lambda: a @ a) == pytest.approx(mm, rel=1e-6)
+        assert timed(lambda: a + a) == pytest.approx(a100.kernel_floor_s, rel=1e-6)
+        assert (a @ a).sum().item() == pytest.approx(float((a.cpu() @ a.cpu()).sum()), rel=1e-4)
+
+
 def test_stats_have_the_keys_of_the_async_api(device: str) -> None:
     stats = gt.stats()
     for key in ("frames_sent", "round_trips", "bytes_sent", "calls"):

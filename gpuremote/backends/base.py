@@ -203,6 +203,13 @@ class Backend(ReceivedMemory, abc.ABC):
         self.synchronize(stream)
         return job()
 
+    #: the simulated GPU whose time ops take (``sim:a100``): ATen ops count their work then
+    profile: Any = None
+
+    def torch_work(self, stream: Any, flops: float, nbytes: float, dtype: Any) -> None:
+        """An ATen op of ``flops`` (matrix products, convolutions, attention: 0 for the
+        rest) and ``nbytes`` moved ran on ``stream``: a simulated GPU takes its time."""
+
     # streams and events
     @abc.abstractmethod
     def create_stream(self) -> Any: ...

@@ -24,6 +24,7 @@ __all__ = [
     "copy_time",
     "op_time",
     "op_work",
+    "work_time",
 ]
 
 #: (shape, dtype) of one operand; the dtype is anything with ``.itemsize`` and ``.kind``
@@ -211,6 +212,16 @@ def op_time(
     flops, nbytes = op_work(name, ins, outs, params)
     ref = outs[0][1] if outs else (ins[0][1] if ins else None)
     peak = profile.peak(ref, matmul=name in _MATMUL or name in _CUBIC)
+    return max(profile.kernel_floor_s, flops / peak, nbytes / profile.mem_bw)
+
+
+def work_time(
+    profile: DeviceProfile, flops: float, nbytes: float, dtype: Any, matmul: bool
+) -> float:
+    """Seconds an op of ``flops`` and ``nbytes`` moved takes on ``profile``'s GPU (the
+    roofline at ``dtype``'s peak, tensor cores for ``matmul``), at least the kernel floor:
+    the time of a PyTorch op, whose FLOPs torch counts (``gpuremote.proxy.aten``)."""
+    peak = profile.peak(dtype, matmul=matmul)
     return max(profile.kernel_floor_s, flops / peak, nbytes / profile.mem_bw)
 
 

@@ -29,6 +29,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from ..wire.protocol import TENSOR_DTYPES, TensorDesc
 from .state import CallFailed, SessionState
 
@@ -176,6 +178,10 @@ class AtenSession:
             torch.backends.cudnn.deterministic = True
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(DEFAULT_SEED)
+        #: a simulated GPU times each op by its work (FLOPs as torch counts them, bytes)
+        self.timed = state.backend.profile is not None
+        #: the last op's (FLOPs, bytes moved, dtype), where ``timed``
+        self.work: tuple[float, float, Any] | None = None
         self.dtypes = {name: getattr(torch, name) for name in TENSOR_DTYPES}
         self.operand_memory: set[int] = set()
         self.layouts = {"strided": torch.strided}
@@ -273,7 +279,36 @@ class AtenSession:
                 result = op(*args, **kwargs)
         except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError) as exc:
             raise CallFailed(f"{type(exc).__name__}: {_first_line(exc)}") from None
-        return allowed, result, self.new_tensors(allowed, result)
+        made = self.new_tensors(allowed, result)
+        if self.timed:
+            self.work = self._work(op, args, kwargs, result, tensors, made)
+        return allowed, result, made
+
+    def _work(
+        self,
+        op: Any,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        result: Any,
+        tensors: Sequence[Any],
+        made: Sequence[Any],
+    ) -> tuple[float, float, Any]:
+        """What op ``op`` did: its FLOPs (by torch's formulas, for the ops that have one:
+        matrix products, convolutions, attention; 0 for the rest), the bytes of its operands
+        and what it made, and the dtype that sets the peak."""
+        from torch.utils.flop_counter import flop_registry
+
+        formula = flop_registry.get(op.overloadpacket)
+        flops = 0.0
+        if formula is not None:
+            try:
+                flops = float(formula(*args, **kwargs, out_val=result))
+            except Exception:  # a formula that does not take these arguments: untimed FLOPs
+                flops = 0.0
+        nbytes = float(sum(t.numel() * t.element_size() for t in (*tensors, *made)))
+        ref = made[0] if made else (tensors[0] if tensors else None)
+        dtype = _NUMPY_OF.get(str(ref.dtype), np.float32) if ref is not None else np.float32
+        return flops, nbytes, np.dtype(dtype)
 
     def _with_session_generator(self, op: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
         """Run random op ``op``, which takes no generator, on the session's generator (by
@@ -431,6 +466,17 @@ def aten_session(state: SessionState) -> AtenSession:
     if aten is None:
         aten = state.aten = AtenSession(state)
     return aten
+
+
+#: the NumPy dtype whose peak rate a torch dtype runs at (``DeviceProfile.peak``)
+_NUMPY_OF: dict[str, Any] = {
+    "torch.float16": np.float16,
+    "torch.bfloat16": np.float16,
+    "torch.float32": np.float32,
+    "torch.float64": np.float64,
+    "torch.complex64": np.complex64,
+    "torch.complex128": np.complex128,
+}
 
 
 def _returns(result: Any, n: int) -> tuple[Any, ...]:

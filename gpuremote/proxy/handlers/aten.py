@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from ...wire.protocol import TensorDesc
-from ..aten import AllowedOp, aten_session, resolve_op
-from ..state import BatchContext, Handler, SessionState
+from ..aten import AllowedOp, AtenSession, aten_session, resolve_op
+from ..state import CALL_FAILURES, BatchContext, Handler, SessionState
 
 __all__ = ["HANDLERS"]
 
@@ -33,33 +34,41 @@ def aten(
     args: tuple[list[Any], dict[str, Any]],
     outputs: tuple[TensorDesc, ...],
 ) -> None:
-    keep = s.backend.keeps_torch_results
-    if keep:  # each output becomes the tensor the op made, where its layout is the client's
-        a = aten_session(s)
-        a.check_outputs(outputs)
-        try:
-            allowed = resolve_op(op)
-            _, _, made = a.call(op, tensors, args)
-        except BaseException:
-            for d in outputs:  # the client holds these handles whatever happened
-                s.alloc(d.handle, d.extent)
-            raise
-        a.keep_outputs(op, made, outputs)
-        return
-    for d in outputs:  # first: the client holds these handles whatever happens next
-        s.alloc(d.handle, d.extent)
     a = aten_session(s)
-    allowed = resolve_op(op)
-    buffers = s.buffers
-    reads = [buffers[d.handle] for d in tensors if d.handle in buffers]
-    writes = [buffers[h] for h in _written(allowed, tensors, args) if h in buffers]
-    writes += [buffers[d.handle] for d in outputs]
+    # each output becomes the tensor the op made, where its layout is the client's and the
+    # backend keeps such memory; else a buffer allocated first, which the op's results fill
+    keep = s.backend.keeps_torch_results
+    if keep:
+        a.check_outputs(outputs)
+    else:
+        for d in outputs:  # first: the client holds these handles whatever happens next
+            s.alloc(d.handle, d.extent)
+    try:
+        allowed = resolve_op(op)
+        buffers = s.buffers
+        reads = [buffers[d.handle] for d in tensors if d.handle in buffers]
+        writes = [buffers[h] for h in _written(allowed, tensors, args) if h in buffers]
+        writes += [buffers[d.handle] for d in outputs if d.handle in buffers]
 
-    def run() -> None:
-        _, _, made = a.call(op, tensors, args)
-        a.fill_outputs(op, made, outputs)
+        def run() -> None:
+            _, _, made = a.call(op, tensors, args)
+            (a.keep_outputs if keep else a.fill_outputs)(op, made, outputs)
 
-    s.backend.run_torch(run, reads, writes, ctx.stream)
+        s.backend.run_torch(run, reads, writes, ctx.stream)  # in order on the stream
+    except BaseException:
+        for d in outputs:  # the client holds these handles whatever happened
+            if d.handle not in s.buffers:
+                with contextlib.suppress(*CALL_FAILURES):
+                    s.alloc(d.handle, d.extent)
+        raise
+    _timed(s, ctx, a)
+
+
+def _timed(s: SessionState, ctx: BatchContext, a: AtenSession) -> None:
+    """A simulated GPU takes the op's time (``SessionState.backend.profile``)."""
+    if a.work is not None:
+        s.backend.torch_work(ctx.stream, *a.work)
+        a.work = None
 
 
 def aten_dynamic(
@@ -80,7 +89,9 @@ def aten_dynamic(
         _, result, made = a.call(op, tensors, args)
         return a.encode_result(allowed, result, a.adopt_results(op, made, outputs))
 
-    return s.backend.run_torch(run, reads, writes, ctx.stream, wait=True)
+    answer = s.backend.run_torch(run, reads, writes, ctx.stream, wait=True)
+    _timed(s, ctx, a)
+    return answer
 
 
 def aten_seed(s: SessionState, ctx: BatchContext, seed: int) -> None:
