@@ -214,3 +214,37 @@ async def test_device_buffers_cross_on_the_gpu() -> None:
             assert isinstance(session.executor.buffers[x.handle], cp.ndarray)
     finally:
         await proxy.close()
+
+
+async def test_completions_that_take_the_next_message_do_not_nest_without_bound() -> None:
+    """A flood of messages that have all arrived: each one's completion takes the next,
+    which has completed too. They run inside one another only so deep, the rest from the
+    next progress: before, they nested until Python's recursion limit broke a connection."""
+    from gpuremote.transports.ucx import MAX_NESTED, get_driver
+
+    driver = get_driver()
+
+    class Arrived:  # a receive that has completed
+        completed = True
+
+        def check_error(self) -> None:
+            return None
+
+    seen: list[BaseException | None] = []
+    depth = [0, 0]  # now, deepest
+
+    def take(exc: BaseException | None) -> None:
+        seen.append(exc)
+        depth[0] += 1
+        depth[1] = max(depth)
+        if len(seen) < 5000:
+            driver.track(Arrived(), take)
+        depth[0] -= 1
+
+    driver.track(Arrived(), take)
+    for _ in range(2000):
+        if len(seen) >= 5000:
+            break
+        await asyncio.sleep(0)
+    assert len(seen) == 5000 and all(e is None for e in seen)
+    assert depth[1] <= MAX_NESTED + 1

@@ -60,6 +60,9 @@ REMAINS_S = 1.0
 #: how long messages still sent to a closed connection's tag are dropped, and how often
 DEAD_TAG_S = 5.0
 SWEEP_S = 0.1
+#: completions run inside one another at most this deep (each one's callback may take the
+#: next message, which has arrived already); deeper ones wait for the next progress
+MAX_NESTED = 16
 
 
 class Prober(Protocol):
@@ -81,6 +84,7 @@ class Driver:
         self.worker = ucx_api.UCXWorker(self.context)
         self.worker.init_blocking_progress_mode()
         self._pending: list[tuple[Any, Done, object]] = []
+        self._nested = 0  # completions running inside one another now (``track``)
         #: connections waiting for a message on their tag (to be probed after progress)
         self.probers: set[Prober] = set()
         self._scheduled = False
@@ -103,9 +107,15 @@ class Driver:
         return loop
 
     def track(self, request: Any, done: Done, owner: object = None) -> None:
-        """Call ``done(None)`` (or ``done(exc)``) once ``request`` completes."""
-        if request.completed:
-            self._finish(request, done, owner)
+        """Call ``done(None)`` (or ``done(exc)``) once ``request`` completes: at once if it
+        has, unless completions are nested that deep already (a flood of messages that had
+        all arrived: each one's callback takes the next), then from the next progress."""
+        if request.completed and self._nested < MAX_NESTED:
+            self._nested += 1
+            try:
+                self._finish(request, done, owner)
+            finally:
+                self._nested -= 1
             return
         self._pending.append((request, done, owner))
         self.soon()
