@@ -194,6 +194,12 @@ class AtenSession:
                 "preserve_format",
             )
         }
+        #: the tagged values named by a string: tag -> (name -> value, what it is)
+        self.named: dict[str, tuple[dict[str, Any], str]] = {
+            "dtype": (self.dtypes, "dtype"),
+            "layout": (self.layouts, "layout"),
+            "mf": (self.formats, "memory format"),
+        }
 
     # -- operands --------------------------------------------------------------------------
     def tensor(self, desc: TensorDesc) -> Any:
@@ -230,24 +236,15 @@ class AtenSession:
             if x >= len(tensors):
                 raise CallFailed(f"tensor {x} of {len(tensors)}")
             return tensors[x]
-        if tag == "dtype":
-            dtype = self.dtypes.get(x)
-            if dtype is None:
-                raise CallFailed(f"unsupported dtype {x!r}")
-            return dtype
         if tag == "device":
             return self.device
-        if tag == "layout":
-            layout = self.layouts.get(x)
-            if layout is None:
-                raise CallFailed(f"unsupported layout {x!r}")
-            return layout
-        if tag == "mf":
-            fmt = self.formats.get(x)
-            if fmt is None:
-                raise CallFailed(f"unsupported memory format {x!r}")
-            return fmt
-        return complex(x[0], x[1])  # "c"
+        if tag == "c":
+            return complex(x[0], x[1])
+        table, what = self.named[tag]  # dtype, layout, memory format: by name
+        found = table.get(x)
+        if found is None:
+            raise CallFailed(f"unsupported {what} {x!r}")
+        return found
 
     # -- running ---------------------------------------------------------------------------
     def call(
