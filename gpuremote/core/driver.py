@@ -7,7 +7,11 @@ runs the loop *in the calling thread* until its reply is in, sending everything 
 it in the same frame: no thread hand-off on the synchronous path. A helper thread sends what
 was posted and not taken by a waiting call within ``nudge_us`` (so work starts on the proxy
 without a synchronising call), and runs the calls of threads that already run an event loop
-of their own (asyncio code, Jupyter), which cannot run a second one.
+of their own (asyncio code, Jupyter), which cannot run a second one. Between two waiting
+calls, each frame the helper sends makes it wait four times longer before the next (up to
+``MAX_NUDGE_S``): the first work of a step reaches the proxy at once, and a long stretch of
+posting goes in a few frames, not one per ``nudge_us``, while the proxy has the earlier ones
+to work on.
 """
 
 from __future__ import annotations
@@ -18,19 +22,22 @@ import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from typing import Any, Self, TypeVar
 
 from ..errors import ConnectionClosed
 from ..session import opener
 from ..session.contract import Session
 from ..wire.calls import CALLS_BY_NAME, CallSpec
+from .recording import Recording
 
 __all__ = ["SyncDriver"]
 
 T = TypeVar("T")
 _FREE = CALLS_BY_NAME["free"]
 _IDLE_S = 0.05  # how long the helper polls after the last post before it sleeps
+#: the longest the helper lets a post wait for a waiting call to take it (see the docstring)
+MAX_NUDGE_S = 0.008
 
 
 class SyncDriver:
@@ -56,6 +63,9 @@ class SyncDriver:
         self._jobs: deque[tuple[Coroutine[Any, Any, Any], concurrent.futures.Future[Any]]] = deque()
         self._wake = threading.Event()  # something is posted, or a job waits
         self._nudge_s = nudge_us / 1e6
+        #: how old the oldest post must be before the helper sends it (grows with each frame
+        #: the helper sends; a waiting call sets it back to ``_nudge_s``)
+        self._delay_s = self._nudge_s
         self._polling = False  # the helper looks at the posts every nudge_s
         self._first_post = 0.0  # when the oldest post not yet sent was made
         self._error: BaseException | None = None
@@ -64,6 +74,12 @@ class SyncDriver:
         #: default device then connects anew at its next use
         self.lost = False
         self._proxy: Any = None
+        #: a step being recorded from this session's calls (``gpuremote.torch``'s compiled
+        #: graphs): each posted call is added to it, and a waiting call ends it
+        self.recording: Recording | None = None
+        #: what is posted is held for the next waiting call (or ``release``), not sent
+        #: by the helper: a recording's calls then go in one frame with the recording
+        self.holding = False
         #: how the last ``copy_from`` went: "proxy to proxy" or "through the client (why)"
         self.last_copy = ""
         self._helper = threading.Thread(target=self._help, name="gpuremote-xp", daemon=True)
@@ -143,17 +159,19 @@ class SyncDriver:
                     return
                 if posted:
                     quiet = 0.0
-                    if time.perf_counter() - self._first_post < self._nudge_s:
+                    if self.holding or time.perf_counter() - self._first_post < self._delay_s:
                         continue  # posted just now: a waiting call is likely to take it
                     with self._owner:
                         if not self._loop.is_closed():
                             self._drive(self._send_posted())
+                    self._delay_s = min(self._delay_s * 4, max(MAX_NUDGE_S, self._nudge_s))
                 else:
                     quiet += self._nudge_s
                 if quiet >= _IDLE_S:
                     self._polling = False  # posts signal again from here on; then look once
                     # more, for one that came before they did
             self._polling = False
+            self._delay_s = self._nudge_s  # idle: the next post goes at the first nudge
 
     async def _send_posted(self) -> None:
         self._drain()
@@ -169,6 +187,8 @@ class SyncDriver:
         posted = self._posted
         if not posted:
             self._first_post = time.perf_counter()
+        if self.recording is not None:
+            self.recording.add(spec, stream, args, buffer)
         posted.append((spec, stream, args, buffer))
         if not self._polling:  # the helper sleeps: it will send this if no call does
             self._wake.set()
@@ -188,6 +208,18 @@ class SyncDriver:
                 if self._error is None:
                     self._error = exc
 
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Within it, what is posted waits for a waiting call (or the end of the block)
+        instead of being sent by the helper: many calls then go in one frame."""
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+            if self._posted:
+                self._wake.set()
+
     def _release(self, handle: int, nbytes: int = 0) -> None:
         if not self.closed and self._error is None:
             with contextlib.suppress(ConnectionClosed):
@@ -197,6 +229,7 @@ class SyncDriver:
         self, spec: CallSpec, args: list[Any], buffer: memoryview | None
     ) -> asyncio.Future[tuple[Any, list[memoryview]]]:
         """Hand the posts to the session, raise a deferred error, send the call."""
+        self._delay_s = self._nudge_s
         self._drain()
         if self._error is not None:
             error, self._error = self._error, None
@@ -214,6 +247,8 @@ class SyncDriver:
         """A SYNC call: sends everything posted before it, then waits for its reply."""
         if self.closed:
             raise ConnectionClosed(f"the device {self.url} is closed")
+        if self.recording is not None:
+            self.recording.refuse(f"{spec.name} (it waits for the device)")
         try:
             return self._call_now(spec, args, buffer)
         except ConnectionClosed:

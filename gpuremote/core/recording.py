@@ -90,7 +90,8 @@ class Recording:
         for i, resource in spec.creates:  # the buffers it makes (by handle, or descriptor)
             if resource is Resource.BUFFER:
                 a = args[i]
-                self.created.update([w[0] for w in a] if spec.args[i].kind is Arg.ARRAYS else [a])
+                many = spec.args[i].kind in (Arg.ARRAYS, Arg.TENSORS)
+                self.created.update([w[0] for w in a] if many else [a])
         self.commands.append([spec.opcode, stream, out])
 
     def wrote(self, buffer: Any) -> None:

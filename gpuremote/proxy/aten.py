@@ -24,9 +24,10 @@ error naming the ``[torch]`` extra.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,7 +35,7 @@ import numpy as np
 from ..wire.protocol import TENSOR_DTYPES, TensorDesc
 from .state import CallFailed, SessionState
 
-__all__ = ["AtenSession", "aten_session", "load_torch", "resolve_op"]
+__all__ = ["AtenSession", "aten_session", "check_recorded", "load_torch", "resolve_op"]
 
 #: the seed of a session's generator before the client seeds it (torch's own default)
 DEFAULT_SEED = 67280421310721
@@ -200,6 +201,16 @@ class AtenSession:
             "layout": (self.layouts, "layout"),
             "mf": (self.formats, "memory format"),
         }
+
+    @contextlib.contextmanager
+    def isolated(self) -> Iterator[None]:
+        """Ops run as plain torch, whatever the thread was doing: a proxy served in the
+        client's process runs in the client's thread, which may be tracing (the fake
+        tensors and functional modes of ``torch.compile``) or recording autograd."""
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        with _disable_current_modes(), self.torch.no_grad():
+            yield
 
     # -- operands --------------------------------------------------------------------------
     def tensor(self, desc: TensorDesc) -> Any:
@@ -455,6 +466,42 @@ class AtenSession:
             self.generator.set_state(torch.frombuffer(bytearray(data), dtype=torch.uint8))
         except (ValueError, RuntimeError) as exc:
             raise CallFailed(f"not a state of this proxy's generator: {_first_line(exc)}") from None
+
+
+def check_recorded(state: SessionState, args: tuple[Any, ...], made: dict[int, int]) -> None:
+    """Check an ``aten`` call of a recorded step once, when the step arrives: the op is
+    allowed, and each operand lies within a buffer the step made before it (``made``: handle
+    -> bytes) or one the session holds; ``CallFailed`` says what is wrong. (A replay checks
+    each operand against its buffer again: a replay may rebind an argument.)"""
+    name, tensors, encoded, _ = args
+    resolve_op(name)
+    for k, d in enumerate(tensors):
+        nbytes = made.get(d.handle)
+        if nbytes is None:
+            nbytes = state.nbytes.get(d.handle) if d.handle in state.buffers else None
+        if nbytes is None:
+            raise CallFailed(f"operand {k}: unknown buffer handle {d.handle}")
+        if d.extent > nbytes:
+            raise CallFailed(
+                f"operand {k}, of sizes {list(d.sizes)}, strides {list(d.strides)} at offset "
+                f"{d.offset}, reaches byte {d.extent} of buffer {d.handle}, which has {nbytes}"
+            )
+    _check_indices(encoded, len(tensors))
+
+
+def _check_indices(value: Any, n: int) -> None:
+    """Every tensor an op's encoded arguments name is one of its ``n`` operands."""
+    t = type(value)
+    if t is list or t is tuple:
+        for v in value:
+            _check_indices(v, n)
+    elif t is dict:
+        if "t" in value:
+            if not 0 <= value["t"] < n:
+                raise CallFailed(f"argument names tensor {value['t']} of {n}")
+        else:
+            for v in value.values():
+                _check_indices(v, n)
 
 
 def aten_session(state: SessionState) -> AtenSession:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..wire.calls import Arg, CallSpec, Resource
-from ..wire.protocol import ArrayDesc, StepProgram
+from ..wire.protocol import ArrayDesc, StepProgram, TensorDesc
 
 __all__ = ["Binds", "RecordedStep", "StepError"]
 
@@ -34,7 +34,7 @@ __all__ = ["Binds", "RecordedStep", "StepError"]
 Binds = dict[int, tuple[int, int]]
 
 # how an argument position is rebound
-_DESC, _DESCS, _BUFFER, _KERNEL_ARGS = 0, 1, 2, 3
+_DESC, _DESCS, _BUFFER, _KERNEL_ARGS, _TENSORS = 0, 1, 2, 3, 4
 #: (position, how, the position of an offset into that buffer or -1) of what a replay rebinds
 Positions = tuple[tuple[int, int, int], ...]
 
@@ -52,7 +52,9 @@ class StepCall:
     args: tuple[Any, ...]
     rebind: Positions  # the arrays and buffers to rebind
     op: Any = None  # a launch's op, checked when the step was recorded
-    creates: tuple[int, ...] = ()  # the buffers it allocates (results: recorded handles)
+    #: the buffers the replay allocates before the call (results: recorded handles); the
+    #: buffers an ATen op makes are its handler's to make
+    creates: tuple[int, ...] = ()
 
     @property
     def what(self) -> str:
@@ -81,18 +83,25 @@ class RecordedStep:
         program: StepProgram,
         check_launch: Callable[[str, Any, Any, dict[str, Any]], Any],
         private_handles: itertools.count[int],
+        check_aten: Callable[[tuple[Any, ...], dict[int, int]], None] | None = None,
     ) -> RecordedStep:
-        """Check ``program`` once: its launches against the ops, its buffers' roles. The
-        intermediates' private handles are put in the calls here, so that a replay rebinds
-        only the arguments and the results."""
+        """Check ``program`` once: its launches against the ops, its ATen ops with
+        ``check_aten(args, made)`` (``made``: the buffers the step made before, and their
+        sizes), its buffers' roles. The intermediates' private handles are put in the calls
+        here, so that a replay rebinds only the arguments and the results."""
         created: dict[int, int] = {}  # recorded handle -> nbytes
         ops: list[Any] = []
         makes: list[tuple[int, ...]] = []
+        self_made = False  # an ATen op makes its outputs itself: a replay's own, then freed
         for i, cmd in enumerate(program.commands):
             spec, args = cmd.spec, cmd.args
             op = None
             try:
-                if spec.names_op:
+                if _runs_aten(spec):
+                    if check_aten is None:
+                        raise StepError("this proxy does not run ATen ops in steps")
+                    check_aten(args, created)
+                elif spec.names_op:
                     op = check_launch(*args)
                 made = _made(spec, args)
             except Exception as exc:
@@ -101,7 +110,11 @@ class RecordedStep:
                 raise StepError(f"call {i} ({spec.name}) makes a buffer the step made already")
             created.update(made)
             ops.append(op)
-            makes.append(tuple(made))
+            if _runs_aten(spec):
+                self_made = self_made or bool(made)
+                makes.append(())
+            else:
+                makes.append(tuple(made))
         slot_handles = {d.handle for d in program.slots}
         if slot_handles & set(created):
             raise StepError("an argument of a step cannot be a buffer the step makes")
@@ -127,7 +140,7 @@ class RecordedStep:
             program.slots,
             program.results,
             {h: p for h, (p, _) in fixed.items()},
-            len(streams) == 1,
+            len(streams) == 1 and not self_made,
             nbytes,
         )
 
@@ -169,6 +182,8 @@ def _rebound(args: tuple[Any, ...], positions: Positions, binds: Binds) -> tuple
             out[pos] = _desc(a, binds)
         elif how == _DESCS:
             out[pos] = tuple([_desc(d, binds) for d in a])
+        elif how == _TENSORS:
+            out[pos] = tuple([_tensor(t, binds) for t in a])
         elif how == _BUFFER:
             b = binds.get(a)
             if b is not None:
@@ -184,7 +199,7 @@ def _names(a: Any, how: int, handles: set[int]) -> bool:
     """Whether argument ``a`` (rebound ``how``) names one of ``handles``."""
     if how == _DESC:
         return bool(a.handle in handles)
-    if how == _DESCS:
+    if how == _DESCS or how == _TENSORS:
         return any(d.handle in handles for d in a)
     if how == _BUFFER:
         return a in handles
@@ -201,10 +216,30 @@ def _desc(d: ArrayDesc, binds: Binds) -> ArrayDesc:
     return ArrayDesc(b[0], offset, d.shape, d.dtype)
 
 
+def _tensor(t: TensorDesc, binds: Binds) -> TensorDesc:
+    b = binds.get(t.handle)
+    if b is None:
+        return t
+    offset = t.offset + b[1]
+    if offset < 0:
+        raise StepError("an argument's offset would move the step's views before its buffer")
+    return TensorDesc(b[0], offset, t.sizes, t.strides, t.dtype)
+
+
+def _runs_aten(spec: CallSpec) -> bool:
+    """Whether ``spec`` runs an ATen op (its operands are strided tensors)."""
+    return any(p.kind is Arg.TENSORS for p in spec.args)
+
+
 def _positions(spec: CallSpec) -> Positions:
     """Where ``spec``'s arguments name buffers (the call table says), and how each is
     rebound."""
-    how = {Arg.ARRAY: _DESC, Arg.ARRAYS: _DESCS, Arg.KERNEL_ARGS: _KERNEL_ARGS}
+    how = {
+        Arg.ARRAY: _DESC,
+        Arg.ARRAYS: _DESCS,
+        Arg.KERNEL_ARGS: _KERNEL_ARGS,
+        Arg.TENSORS: _TENSORS,
+    }
     out = []
     for i, p in enumerate(spec.args):
         if p.kind in how:
@@ -228,6 +263,13 @@ def _made(spec: CallSpec, args: tuple[Any, ...]) -> dict[int, int]:
                 raise StepError(f"{spec.name} outputs must start their buffer")
             made.update((d.handle, d.nbytes) for d in descs)
             if len(made) != len(descs):
+                raise StepError(f"{spec.name} outputs must be different buffers")
+        elif spec.args[i].kind is Arg.TENSORS:  # an ATen op's new outputs
+            tensors = args[i]
+            if any(t.offset for t in tensors):
+                raise StepError(f"{spec.name} outputs must start their buffer")
+            made.update((t.handle, t.extent) for t in tensors)
+            if len(made) != len(tensors):
                 raise StepError(f"{spec.name} outputs must be different buffers")
         else:  # an alloc: its size is another argument
             name = spec.args[i].name

@@ -57,8 +57,9 @@ class Connection:
 
     def stats(self, index: int = 0) -> dict[str, Any]:
         """The session's counters of device ``index`` (as ``GPU.stats()``: calls per
-        class, ``frames_sent``, ``round_trips``, ``bytes_sent``, ...)."""
-        return self.drivers[index].stats()
+        class, ``frames_sent``, ``round_trips``, ``bytes_sent``, ...; and its compiled
+        graphs: ``graphs_recorded``, ``graph_replays``, ``graphs_eager``)."""
+        return _stats(self.drivers[index])
 
     def synchronize(self) -> None:
         """Wait until every op queued so far has run; raises the first deferred error."""
@@ -137,5 +138,11 @@ def connect_local(backend: str = "numpy", url: str | None = None) -> Connection:
 
 
 def stats(index: int = 0) -> dict[str, Any]:
-    """The counters of the session serving ``gpuremote:index`` (as ``GPU.stats()``)."""
-    return dispatcher.driver(index).stats()
+    """The counters of the session serving ``gpuremote:index`` (``Connection.stats``)."""
+    return _stats(dispatcher.driver(index))
+
+
+def _stats(d: SyncDriver) -> dict[str, Any]:
+    from ._compile import counts
+
+    return {**d.stats(), **counts(d)}

@@ -320,6 +320,10 @@ class Dispatcher:
                 f"gpuremote: {plan.name} returns a list of tensors of data-dependent shapes"
             )
         handles = [d.session.new_handle() for _ in range(n_new)]
+        # a question about the signature alone is no part of a step being recorded
+        recording = d.recording
+        if ask_once:
+            d.recording = None
         try:
             reply, _ = d.call(
                 _ATEN_DYNAMIC, [plan.name, [describe(t) for t in tensors], wire_args, handles]
@@ -328,6 +332,8 @@ class Dispatcher:
             if exc.deferred or exc.call != "aten_dynamic":  # an earlier call's error
                 raise
             raise RuntimeError(f"{plan.name} failed on the proxy: {exc.message}") from exc
+        finally:
+            d.recording = recording
         new = iter(handles)
         out: list[Any] = []
         for source, value in zip(plan.returns, reply, strict=True):

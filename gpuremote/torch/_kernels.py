@@ -95,7 +95,7 @@ def install(dispatcher: Dispatcher) -> None:
         # choice for these inputs, asked once per signature, and that kernel
         args = (query, key, value, attn_mask, dropout_p, is_causal)
         options = {"scale": scale, "enable_gqa": enable_gqa}
-        choice = dispatcher.run(aten._fused_sdp_choice.default, args, options)
+        choice = dispatcher.run(aten._fused_sdp_choice.default, _real(args), options)
         cpu = dispatcher.driver(query.device.index).info.get("backend") != "cupy"
         if choice == _SDP_FLASH and cpu:
             return aten._scaled_dot_product_flash_attention_for_cpu(
@@ -104,6 +104,26 @@ def install(dispatcher: Dispatcher) -> None:
         return aten._scaled_dot_product_attention_math(
             query, key, value, attn_mask, dropout_p, is_causal, None, **options
         )[0]
+
+    def _real(args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The arguments, where ``torch.compile`` traces with fake tensors: real tensors of
+        their layouts (uninitialised: the choice depends on the layouts alone)."""
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        if all(
+            not isinstance(a, torch.Tensor)
+            or (type(a) in (torch.Tensor, torch.nn.Parameter) and not torch._is_functional_tensor(a))
+            for a in args
+        ):
+            return args
+        functional = torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize)
+        with _disable_current_modes(), torch._C._ExcludeDispatchKeyGuard(functional):
+            return tuple(
+                torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
+                if isinstance(a, torch.Tensor)
+                else a
+                for a in args
+            )
 
     for key in ("PrivateUse1", "AutogradPrivateUse1"):
         lib.impl("scaled_dot_product_attention", attention, key)
@@ -192,7 +212,22 @@ def _with_cpu_kernels() -> list[str]:
         if name.partition(".")[0] in _HANDLED or name.startswith("set_"):
             continue
         out.append(name)
-    return out
+    return out + _foreach_ops()
+
+
+def _foreach_ops() -> list[str]:
+    """The ``_foreach_`` ops whose kernel for the CPU (and so for this device) is a
+    composite loop of one op per tensor: registered for the device, so that each is one
+    call (an optimizer's step over every parameter in a few calls), run by the proxy's
+    kernel (a GPU's fused one)."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    return [
+        full.removeprefix("aten::")
+        for full in torch._C._dispatch_get_all_op_names()
+        if full.startswith("aten::_foreach_")
+        and has(full, "CompositeExplicitAutograd")
+        and not has(full, "CPU")
+    ]
 
 
 def _kernel(dispatcher: Dispatcher, op: torch._ops.OpOverload) -> Callable[..., Any]:

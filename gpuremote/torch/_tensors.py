@@ -17,7 +17,17 @@ import torch
 
 from ..wire.protocol import extent
 
-__all__ = ["DEVICE", "byte_desc", "describe", "extent", "handle_of", "is_remote", "new_tensor"]
+__all__ = [
+    "DEVICE",
+    "byte_desc",
+    "describe",
+    "extent",
+    "handle_of",
+    "is_remote",
+    "new_storage",
+    "new_tensor",
+    "tensor_on",
+]
 
 #: the name of the device (PyTorch's PrivateUse1 backend, renamed)
 DEVICE = "gpuremote"
@@ -60,13 +70,27 @@ def new_tensor(
 ) -> torch.Tensor:
     """A tensor over remote buffer ``handle`` of ``nbytes`` on device ``gpuremote:index``;
     ``release(handle, nbytes)`` frees the buffer when the storage's last view dies."""
+    return tensor_on(new_storage(handle, nbytes, index, release), 0, sizes, strides, dtype)
+
+
+def new_storage(
+    handle: int, nbytes: int, index: int, release: Callable[[int, int], None]
+) -> torch.UntypedStorage:
+    """The storage of remote buffer ``handle`` (see ``new_tensor``)."""
     device = _DEVICES.get(index)
     if device is None:
         device = _DEVICES[index] = torch.device(DEVICE, index)
     storage = torch._C._construct_storage_from_data_pointer(handle << _SHIFT, device, nbytes)
     _LIVE[weakref.ref(storage, _died)] = (release, handle, nbytes)
+    return storage
+
+
+def tensor_on(
+    storage: torch.UntypedStorage, offset: int, sizes: Any, strides: Any, dtype: torch.dtype
+) -> torch.Tensor:
+    """A tensor viewing remote ``storage`` (``offset`` in elements of ``dtype``)."""
     t = torch._C._acc.create_empty_tensor((0,), dtype)
-    _set_storage._handle.redispatch_boxed(_CPU_KEYS, t, storage, 0, sizes, strides)
+    _set_storage._handle.redispatch_boxed(_CPU_KEYS, t, storage, offset, sizes, strides)
     return t
 
 

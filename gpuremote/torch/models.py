@@ -256,18 +256,25 @@ def workload(name: str, size: str = "small") -> Workload:
 
 
 def train(
-    w: Workload, device: str, steps: int, seed: int = 0, lr: float = 1e-3
+    w: Workload,
+    device: str,
+    steps: int,
+    seed: int = 0,
+    lr: float = 1e-3,
+    compile: str | None = None,
 ) -> tuple[list[float], dict[str, Any]]:
     """``steps`` training steps of ``w`` on ``device`` (AdamW with weight decay, gradients
-    clipped); returns the losses and the final weights on the CPU."""
+    clipped), the model under ``torch.compile(backend=compile)`` where given; returns the
+    losses and the final weights on the CPU."""
     torch.manual_seed(seed)
     model = w.make().to(device)
+    run: Any = torch.compile(model, backend=compile) if compile else model
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     g = torch.Generator().manual_seed(seed + 1)
     losses = []
     for _ in range(steps):
         x, y = w.batch(g)
-        loss = w.loss(model, x.to(device), y.to(device))
+        loss = w.loss(run, x.to(device), y.to(device))
         opt.zero_grad()
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -24,6 +24,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from .limits import MAX_STEP_ARRAYS
+
 __all__ = [
     "BUFFER",
     "CALLS",
@@ -99,7 +101,8 @@ class Param(NamedTuple):
     """One argument: its name, kind, and what the call does to what it names (a buffer for
     array kinds). ``size_of``: this argument is the size in bytes of the buffer that the
     argument of that name creates; ``offset_into``: an offset into the buffer that the
-    argument of that name names (it moves with it when a step is rebound)."""
+    argument of that name names (it moves with it when a step is rebound); ``most``: the longest
+list it may be, where not ``MAX_LIST``."""
 
     name: str
     kind: Arg
@@ -107,6 +110,8 @@ class Param(NamedTuple):
     resource: Resource = Resource.BUFFER
     size_of: str = ""
     offset_into: str = ""
+    #: the longest list an argument of a list kind may be (``MAX_LIST`` where 0)
+    most: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,8 +361,9 @@ CALLS: tuple[CallSpec, ...] = (
         _A,
         (
             *_handle(_R, _STEP),
-            Param("args", Arg.ARRAYS, _R | _W),  # a step may write its arguments
-            Param("results", Arg.HANDLES, _C),
+            # a step may write its arguments
+            Param("args", Arg.ARRAYS, _R | _W, most=MAX_STEP_ARRAYS),
+            Param("results", Arg.HANDLES, _C, most=MAX_STEP_ARRAYS),
         ),
         "run a recorded step on these argument arrays; its results become new buffers",
     ),
@@ -370,6 +376,7 @@ CALLS: tuple[CallSpec, ...] = (
         _aten(Param("outputs", Arg.TENSORS, _C)),
         "run an allow-listed ATen op on strided views of the session's buffers; each tensor "
         "it returns that is not an operand fills a new buffer, as the client's metadata says",
+        recordable=True,
         random=True,
     ),
     CallSpec(

@@ -17,6 +17,7 @@ __all__ = [
     "MAX_PARAMS",
     "MAX_PARAM_LIST",
     "MAX_SIZE",
+    "MAX_STEP_ARRAYS",
     "MAX_TENSORS",
     "MAX_TEXT",
     "MAX_TICKETS_PER_SESSION",
@@ -35,6 +36,9 @@ MAX_TEXT = 1 << 20
 #: the longest list of arrays or handles in one argument (a call's inputs, the frees of one
 #: command, a step's arguments and results)
 MAX_LIST = 64
+#: the most arguments and results of a recorded step (a compiled PyTorch graph takes every
+#: parameter of its model, and its forward returns what the backward needs)
+MAX_STEP_ARRAYS = 4096
 #: the most tensor operands of one ATen op (``aten``): a ``_foreach_`` op of an optimizer
 #: takes a few lists of every parameter of a model
 MAX_TENSORS = 4096

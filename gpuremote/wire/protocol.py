@@ -27,12 +27,13 @@ from ..errors import (
     RemoteCallError,
     RemoteProtocolError,
 )
-from .calls import CALLS_BY_OPCODE, Arg, CallSpec
+from .calls import CALLS_BY_OPCODE, Arg, CallSpec, Param
 from .framing import Frame, FrameLimits
 from .limits import (
     MAX_ATEN_DEPTH,
     MAX_HANDLE,
     MAX_LIST,
+    MAX_STEP_ARRAYS,
     MAX_NAME,
     MAX_PARAM_LIST,
     MAX_PARAMS,
@@ -433,9 +434,11 @@ def _check_handle(v: Any, name: str, ctx: DecodeContext) -> int:
     return _int(v, name, 0, MAX_HANDLE)
 
 
-def _check_handles(v: Any, name: str, ctx: DecodeContext) -> tuple[int, ...]:
-    if type(v) is not list or len(v) > MAX_LIST:
-        raise BadCommand(f"argument {name!r} must be a list of at most {MAX_LIST} handles")
+def _check_handles(
+    v: Any, name: str, ctx: DecodeContext, most: int = MAX_LIST
+) -> tuple[int, ...]:
+    if type(v) is not list or len(v) > most:
+        raise BadCommand(f"argument {name!r} must be a list of at most {most} handles")
     return tuple([_int(h, name, 0, MAX_HANDLE) for h in v])
 
 
@@ -497,9 +500,11 @@ def _check_array(v: Any, name: str, ctx: DecodeContext) -> ArrayDesc:
     return desc
 
 
-def _check_arrays(v: Any, name: str, ctx: DecodeContext) -> tuple[ArrayDesc, ...]:
-    if type(v) is not list or len(v) > MAX_LIST:
-        raise BadCommand(f"argument {name!r} must be a list of at most {MAX_LIST} arrays")
+def _check_arrays(
+    v: Any, name: str, ctx: DecodeContext, most: int = MAX_LIST
+) -> tuple[ArrayDesc, ...]:
+    if type(v) is not list or len(v) > most:
+        raise BadCommand(f"argument {name!r} must be a list of at most {most} arrays")
     table, n = ctx.arrays, len(ctx.arrays)
     out: list[Any] = []
     for a in v:  # _check_array, inlined: this is the hot path of every launch
@@ -684,10 +689,9 @@ def _check_step(v: Any, name: str, ctx: DecodeContext) -> StepProgram:
             commands.append(Command(i, spec, stream, check(args, sub), False))
         except BadCommand as exc:
             raise BadCommand(f"{name}: call {i} ({spec.name}): {exc}") from None
-    if len(slots) > MAX_LIST:
-        raise BadCommand(f"a step takes at most {MAX_LIST} arguments")
-    descs = _check_arrays(slots, f"{name}.slots", sub)
-    return StepProgram(tuple(commands), descs, _check_handles(results, f"{name}.results", ctx))
+    descs = _check_arrays(slots, f"{name}.slots", sub, MAX_STEP_ARRAYS)
+    made = _check_handles(results, f"{name}.results", ctx, MAX_STEP_ARRAYS)
+    return StepProgram(tuple(commands), descs, made)
 
 
 def decode_step(v: Any, limits: FrameLimits = FrameLimits()) -> StepProgram:
@@ -744,11 +748,21 @@ def _check_launch_args(a: list[Any], ctx: DecodeContext) -> tuple[Any, ...]:
     return (op, _descs(ins, "inputs", ctx), _descs(outs, "outputs", ctx), params)
 
 
+def _check_of(p: Param) -> Callable[[Any, str, DecodeContext], Any]:
+    """The check of argument ``p`` (a list kind with its own longest length: that length)."""
+    check = _CHECKS[p.kind]
+    if not p.most:
+        return check
+    most = p.most
+    lists: Any = check  # _check_arrays or _check_handles: they take the length
+    return lambda v, name, ctx: lists(v, name, ctx, most)
+
+
 def _args_check(spec: CallSpec) -> ArgsCheck:
     """One function checking all of ``spec``'s arguments (their number checked already)."""
     if tuple(p.kind for p in spec.args) == (Arg.NAME, Arg.ARRAYS, Arg.ARRAYS, Arg.PARAMS):
         return _check_launch_args  # launch and launch_new: the hot path
-    checks = [(p.name, _CHECKS[p.kind]) for p in spec.args]
+    checks = [(p.name, _check_of(p)) for p in spec.args]
     if len(checks) == 4:  # launch and its kind: unrolled, the hot path
         (n0, c0), (n1, c1), (n2, c2), (n3, c3) = checks
         return lambda a, ctx: (

@@ -51,8 +51,9 @@ def aten(
         writes += [buffers[d.handle] for d in outputs if d.handle in buffers]
 
         def run() -> None:
-            _, _, made = a.call(op, tensors, args)
-            (a.keep_outputs if keep else a.fill_outputs)(op, made, outputs)
+            with a.isolated():
+                _, _, made = a.call(op, tensors, args)
+                (a.keep_outputs if keep else a.fill_outputs)(op, made, outputs)
 
         s.backend.run_torch(run, reads, writes, ctx.stream)  # in order on the stream
     except BaseException:
@@ -86,8 +87,9 @@ def aten_dynamic(
     writes = [buffers[h] for h in _written(allowed, tensors, args) if h in buffers]
 
     def run() -> Any:
-        _, result, made = a.call(op, tensors, args)
-        return a.encode_result(allowed, result, a.adopt_results(op, made, outputs))
+        with a.isolated():
+            _, result, made = a.call(op, tensors, args)
+            return a.encode_result(allowed, result, a.adopt_results(op, made, outputs))
 
     answer = s.backend.run_torch(run, reads, writes, ctx.stream, wait=True)
     _timed(s, ctx, a)

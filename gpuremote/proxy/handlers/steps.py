@@ -10,14 +10,15 @@ from ...wire.calls import CALLS_BY_NAME
 from ...wire.protocol import ArrayDesc, StepProgram
 from ..state import CALL_FAILURES, BatchContext, CallFailed, Handler, ReplayFailed, SessionState
 from ..steps import RecordedStep, StepError, rebind
-from . import launches, memory, streams
+from ..aten import check_recorded
+from . import aten, launches, memory, streams
 
 __all__ = ["HANDLERS", "make_results"]
 
 #: the handlers of the calls a step may hold that are not launches of ops
 _WORK = {
     name: handler
-    for module in (memory, launches, streams)
+    for module in (memory, launches, streams, aten)
     for name, handler in module.HANDLERS.items()
     if CALLS_BY_NAME[name].recordable
 }
@@ -35,7 +36,13 @@ def step_record(s: SessionState, ctx: BatchContext, handle: int, program: StepPr
             f"a step of {n} calls would make this session's steps hold "
             f"{s.step_calls + n} calls; the limit is {limits.max_step_calls}"
         )
-    step = RecordedStep.from_program(handle, program, launches.check_launch, s.private_handles)
+    step = RecordedStep.from_program(
+        handle,
+        program,
+        launches.check_launch,
+        s.private_handles,
+        lambda args, made: check_recorded(s, args, made),
+    )
     s.steps[handle] = step
     s.step_calls += n
 

@@ -509,6 +509,9 @@ def step_sizes(program: list[Any]) -> list[int]:
                 for w in (arrays[k] for k in args[i]):
                     if w[1] == 0:
                         sizes.setdefault(w[0], nbytes(w))
+            elif spec.args[i].kind is Arg.TENSORS:  # an ATen op's outputs, inline
+                for t in args[i]:
+                    sizes.setdefault(t[0], extent(t[2], t[3], TENSOR_DTYPES[t[4]]))
             else:
                 size = next(j for j, p in enumerate(spec.args) if p.size_of == spec.args[i].name)
                 sizes[args[i]] = args[size]
@@ -541,4 +544,6 @@ def _step_handles(spec: CallSpec, i: int, arg: Any, arrays: list[list[Any]]) -> 
         return [arrays[k][0] for k in arg]
     if kind is Arg.KERNEL_ARGS:
         return [arrays[k[1]][0] for k in arg if k[0] == "a"]
+    if kind is Arg.TENSORS:  # inline, not in the table
+        return [t[0] for t in arg]
     return [arg]

@@ -1,0 +1,301 @@
+"""``torch.compile(model, backend="gpuremote")``: each graph runs on the proxy by one message.
+
+(The name reaches torch through the package's ``torch_dynamo_backends`` entry point.)
+
+TorchDynamo captures the model's Python into FX graphs (guards and recompiles as torch does
+them; graph breaks run eagerly between graphs); AOTAutograd splits each into a forward and a
+backward graph of ATen ops. Each of those graphs becomes a **recorded step**
+(``gpuremote.core.recording``, ``gpuremote.proxy.steps``):
+
+- its first call with a *signature* (every tensor argument's sizes, strides, storage offset,
+  dtype and storage size, which arguments share a buffer, the other arguments' values) runs
+  the graph op by op, as eager code would, while the ``aten`` calls it makes are recorded;
+  the recording (a node list: op names, tensor layouts, constants; no Python, no pickle) is
+  sent once (``step_record``), in the same frame as those calls, and checked once on the
+  proxy (ops on the allow-list, every operand within its buffer);
+- every later call with that signature sends one ``step_replay`` naming the recording, the
+  buffers of its tensor arguments and handles for what it makes: the outputs come back as new
+  tensors at once (their layouts are known), and nothing waits.
+
+A graph that needs the data while it runs (an op whose output shape depends on it, a read)
+runs eagerly for that signature, every time, as does a graph whose tensors are on the host.
+``failover=`` sessions keep the recordings in their journal: a new proxy gets them again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..core.capture import user_line
+from ..core.driver import SyncDriver
+from ..core.recording import Recording
+from ..errors import ConnectionClosed
+from ..wire.calls import CALLS_BY_NAME
+from ._tensors import DEVICE, handle_of, is_remote, new_storage, tensor_on
+
+__all__ = ["MODES", "backend", "counts"]
+
+_RECORD, _REPLAY, _FREE_STEP = (
+    CALLS_BY_NAME["step_record"],
+    CALLS_BY_NAME["step_replay"],
+    CALLS_BY_NAME["step_free"],
+)
+#: the ``mode``s of ``torch.compile`` the backend takes (each graph becomes a recorded
+#: step in all of them: what CUDA graphs are to ``reduce-overhead``)
+MODES = (None, "default", "reduce-overhead")
+#: signatures a graph keeps recorded; the oldest goes (on the proxy too) past this
+MAX_SIGNATURES = 16
+
+
+#: per session: graph runs recorded, replayed, and run eagerly (``gpuremote.torch.stats``)
+_COUNTS: weakref.WeakKeyDictionary[SyncDriver, dict[str, int]] = weakref.WeakKeyDictionary()
+
+
+def counts(d: SyncDriver) -> dict[str, int]:
+    """Session ``d``'s compiled graphs: ``graphs_recorded`` (signatures recorded and sent),
+    ``graph_replays`` (runs by one ``step_replay``), ``graphs_eager`` (runs op by op: a
+    signature that cannot be recorded, and each recording's first run)."""
+    c = _COUNTS.get(d)
+    if c is None:
+        c = _COUNTS[d] = {"graphs_recorded": 0, "graph_replays": 0, "graphs_eager": 0}
+    return c
+
+
+@dataclass(slots=True)
+class _Recorded:
+    """One signature's recording, as the proxy keeps it."""
+
+    handle: int
+    driver: SyncDriver
+    buffers: list[int]  # the bytes of each buffer the graph makes and returns
+    #: how to build each output: ("r", buffer index, storage offset, sizes, strides, dtype),
+    #: ("a", argument index), ("v", argument index, offset, sizes, strides, dtype), ("k",
+    #: the object itself: a tensor the graph did not make, a number)
+    outputs: list[tuple[Any, ...]]
+
+
+class _Graph:
+    """One FX graph of ATen ops (AOTAutograd's forward or backward) as the backend runs it:
+    called with the list of its arguments (AOTAutograd's boxed convention) or with them."""
+
+    def __init__(self, gm: torch.fx.GraphModule, resolve: Callable[[int], SyncDriver]) -> None:
+        #: boxed: an instance attribute, which the wrappers torch puts around it copy
+        self._boxed_call = True
+        self._gm = gm
+        self._resolve = resolve
+        self._recorded: dict[Any, _Recorded | None] = {}  # None: runs eagerly
+        weakref.finalize(self, _free_all, self._recorded)
+
+    def __call__(self, *given: Any) -> Any:
+        # boxed (one list of the arguments, which the caller may clear), or not (where a
+        # wrapper hides ``_boxed_call``): a graph's arguments are never lists themselves
+        args = list(given[0]) if len(given) == 1 and type(given[0]) is list else list(given)
+        remote = [(i, a) for i, a in enumerate(args) if is_remote(a)]
+        if not remote:
+            return self._gm(*args)
+        d = self._resolve(remote[0][1].device.index or 0)
+        key, slots = _signature(d, args)
+        recorded = self._recorded.get(key, _MISSING) if key is not None else None
+        if recorded is _MISSING:
+            return self._record(d, key, args, slots)
+        if recorded is None:
+            counts(d)["graphs_eager"] += 1
+            return self._gm(*args)
+        assert isinstance(recorded, _Recorded)
+        return self._replay(recorded, args, slots)
+
+    # -- recording -------------------------------------------------------------------------
+    def _record(self, d: SyncDriver, key: Any, args: list[Any], slots: list[int]) -> Any:
+        c = counts(d)
+        c["graphs_eager"] += 1
+        if d.recording is not None:  # another thread records on this session: eagerly now
+            return self._gm(*args)
+        rec = Recording(True, user_line, threading.get_ident())
+        with d.held():
+            d.recording = rec
+            try:
+                out = self._gm(*args)
+            finally:
+                d.recording = None
+            recorded = None
+            if not rec.abandoned and rec.commands:
+                recorded = self._keep(d, rec, args, slots, out)
+        if len(self._recorded) >= MAX_SIGNATURES:
+            _free(self._recorded.pop(next(iter(self._recorded))))
+        self._recorded[key] = recorded
+        if recorded is not None:
+            c["graphs_recorded"] += 1
+        return out
+
+    def _keep(
+        self, d: SyncDriver, rec: Recording, args: list[Any], slots: list[int], out: Any
+    ) -> _Recorded | None:
+        """Send the recording of a run that returned ``out``; None where it cannot be
+        replayed (it returns a host tensor it made)."""
+        storages = {handle_of(args[i]): i for i in slots}
+        outputs: list[tuple[Any, ...]] = []
+        buffers: list[int] = []
+        results: list[int] = []
+        index: dict[int, int] = {}
+        for o in out if isinstance(out, (list, tuple)) else (out,):
+            if not isinstance(o, torch.Tensor):
+                outputs.append(("k", o))
+                continue
+            if not is_remote(o):
+                if any(o is a for a in args):
+                    outputs.append(("k", o))
+                    continue
+                return None  # a host tensor the graph made: its value may change
+            h = handle_of(o)
+            layout = (o.storage_offset(), list(o.shape), list(o.stride()), o.dtype)
+            if h in rec.created:
+                if h not in index:
+                    index[h] = len(buffers)
+                    buffers.append(o.untyped_storage().nbytes())
+                    results.append(h)
+                outputs.append(("r", index[h], *layout))
+            elif h in storages:
+                k = next((i for i, a in enumerate(args) if a is o), None)
+                outputs.append(("a", k) if k is not None else ("v", storages[h], *layout))
+            else:  # the session's own tensor (a constant of the graph)
+                outputs.append(("k", o))
+        handle = d.session.new_handle()
+        program = rec.program([_slot(args[i]) for i in slots], results)
+        d.post(_RECORD, 0, [handle, program])
+        return _Recorded(handle, d, buffers, outputs)
+
+    # -- replaying -------------------------------------------------------------------------
+    def _replay(self, recorded: _Recorded, args: list[Any], slots: list[int]) -> Any:
+        d = recorded.driver
+        new_handle = d.session.new_handle
+        results = [new_handle() for _ in recorded.buffers]
+        d.post(_REPLAY, 0, [recorded.handle, [_slot(args[i]) for i in slots], results])
+        counts(d)["graph_replays"] += 1
+        index = args[slots[0]].device.index or 0
+        storages = [
+            new_storage(h, n, index, d._release)
+            for h, n in zip(results, recorded.buffers, strict=True)
+        ]
+        out = []
+        for o in recorded.outputs:
+            kind = o[0]
+            if kind == "r":
+                _, i, offset, sizes, strides, dtype = o
+                out.append(tensor_on(storages[i], offset, sizes, strides, dtype))
+            elif kind == "a":
+                out.append(args[o[1]])
+            elif kind == "v":
+                _, k, offset, sizes, strides, dtype = o
+                out.append(tensor_on(args[k].untyped_storage(), offset, sizes, strides, dtype))
+            else:
+                out.append(o[1])
+        return out
+
+
+_MISSING: Any = object()
+
+
+def _slot(t: torch.Tensor) -> list[Any]:
+    """The whole buffer of remote tensor ``t``, as a step's argument (a flat byte array)."""
+    return [handle_of(t), 0, [t.untyped_storage().nbytes()], "uint8"]
+
+
+def _signature(d: SyncDriver, args: Sequence[Any]) -> tuple[Any, list[int]]:
+    """The key of a call's recording (None: it cannot be recorded) and the positions of the
+    arguments whose buffers a replay passes (one per buffer, in order)."""
+    parts: list[Any] = [id(d)]
+    seen: dict[int, int] = {}
+    slots: list[int] = []
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            if not is_remote(a):
+                return None, slots  # host data: the recording would refuse it
+            h = handle_of(a)
+            first = seen.get(h)
+            if first is None:
+                seen[h] = i
+                slots.append(i)
+            parts.append(
+                (
+                    tuple(a.shape),
+                    a.stride(),
+                    a.storage_offset(),
+                    a.dtype,
+                    a.untyped_storage().nbytes(),
+                    first,
+                )
+            )
+        elif isinstance(a, (int, float, bool, type(None), torch.SymInt)):
+            parts.append((type(a), a if not isinstance(a, torch.SymInt) else int(a)))
+        else:
+            return None, slots
+    return tuple(parts), slots
+
+
+def _free(recorded: _Recorded | None) -> None:
+    """Forget a recording on the proxy (from any thread; not after the session ended)."""
+    if recorded is not None and not recorded.driver.closed:
+        with contextlib.suppress(ConnectionClosed):
+            recorded.driver.post(_FREE_STEP, 0, [recorded.handle])
+
+
+def _free_all(recordings: dict[Any, _Recorded | None]) -> None:
+    for r in recordings.values():
+        _free(r)
+
+
+def _compiler(
+    resolve: Callable[[int], SyncDriver],
+) -> Callable[[torch.fx.GraphModule, Sequence[Any]], _Graph]:
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> _Graph:
+        _constants_to_device(gm)
+        return _Graph(gm, resolve)
+
+    return compile_graph
+
+
+def _constants_to_device(gm: torch.fx.GraphModule) -> None:
+    """The graph's host tensor constants that meet device tensors, moved to the device
+    once (else each run would upload them, and a step cannot hold an upload)."""
+    for node in gm.graph.nodes:
+        if node.op != "get_attr":
+            continue
+        value = getattr(gm, node.target, None)
+        if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.dim() == 0:
+            users_on_device = any(
+                isinstance(u.meta.get("val"), torch.Tensor)
+                and u.meta["val"].device.type == DEVICE
+                for u in node.users
+            )
+            if users_on_device:
+                setattr(gm, node.target, value.to(DEVICE))
+
+
+def backend(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    mode: str | None = None,
+    options: dict[str, Any] | None = None,
+) -> Any:
+    """The ``gpuremote`` backend of ``torch.compile`` (see the module docstring)."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    if mode not in MODES:
+        raise ValueError(
+            f"torch.compile(backend='gpuremote') takes mode in {MODES[1:]}; not {mode!r}"
+        )
+    if options:
+        raise ValueError(
+            f"torch.compile(backend='gpuremote') takes no options; got {sorted(options)}"
+        )
+    from ._backend import dispatcher
+
+    compile_graph = _compiler(dispatcher.driver)
+    return aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph)(gm, example_inputs)
