@@ -470,9 +470,10 @@ class AtenSession:
 
 def check_recorded(state: SessionState, args: tuple[Any, ...], made: dict[int, int]) -> None:
     """Check an ``aten`` call of a recorded step once, when the step arrives: the op is
-    allowed, and each operand lies within a buffer the step made before it (``made``: handle
-    -> bytes) or one the session holds; ``CallFailed`` says what is wrong. (A replay checks
-    each operand against its buffer again: a replay may rebind an argument.)"""
+    allowed, and each operand lies within a buffer of the step (``made``: handle -> bytes:
+    its arguments', those it made before) or one the session holds; ``CallFailed`` says
+    what is wrong. (A replay checks each operand against its buffer again: a replay binds
+    its own arguments.)"""
     name, tensors, encoded, _ = args
     resolve_op(name)
     for k, d in enumerate(tensors):

@@ -86,10 +86,14 @@ class RecordedStep:
         check_aten: Callable[[tuple[Any, ...], dict[int, int]], None] | None = None,
     ) -> RecordedStep:
         """Check ``program`` once: its launches against the ops, its ATen ops with
-        ``check_aten(args, made)`` (``made``: the buffers the step made before, and their
-        sizes), its buffers' roles. The intermediates' private handles are put in the calls
-        here, so that a replay rebinds only the arguments and the results."""
+        ``check_aten(args, known)`` (``known``: the sizes of its arguments' buffers and of
+        those it made before), its buffers' roles. The intermediates' private handles are
+        put in the calls here, so that a replay rebinds only the arguments and the
+        results."""
         created: dict[int, int] = {}  # recorded handle -> nbytes
+        #: the buffers an ATen op may name besides the session's: the arguments' (as large
+        #: as their slots say: a replay checks the buffers it binds) and those made before
+        known = {d.handle: d.offset + d.nbytes for d in program.slots}
         ops: list[Any] = []
         makes: list[tuple[int, ...]] = []
         self_made = False  # an ATen op makes its outputs itself: a replay's own, then freed
@@ -100,7 +104,7 @@ class RecordedStep:
                 if _runs_aten(spec):
                     if check_aten is None:
                         raise StepError("this proxy does not run ATen ops in steps")
-                    check_aten(args, created)
+                    check_aten(args, known)
                 elif spec.names_op:
                     op = check_launch(*args)
                 made = _made(spec, args)
@@ -109,6 +113,7 @@ class RecordedStep:
             if made.keys() & created.keys():
                 raise StepError(f"call {i} ({spec.name}) makes a buffer the step made already")
             created.update(made)
+            known.update(made)
             ops.append(op)
             if _runs_aten(spec):
                 self_made = self_made or bool(made)
@@ -199,7 +204,7 @@ def _names(a: Any, how: int, handles: set[int]) -> bool:
     """Whether argument ``a`` (rebound ``how``) names one of ``handles``."""
     if how == _DESC:
         return bool(a.handle in handles)
-    if how == _DESCS or how == _TENSORS:
+    if how in (_DESCS, _TENSORS):
         return any(d.handle in handles for d in a)
     if how == _BUFFER:
         return a in handles

@@ -270,8 +270,7 @@ def _constants_to_device(gm: torch.fx.GraphModule) -> None:
         value = getattr(gm, node.target, None)
         if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.dim() == 0:
             users_on_device = any(
-                isinstance(u.meta.get("val"), torch.Tensor)
-                and u.meta["val"].device.type == DEVICE
+                isinstance(u.meta.get("val"), torch.Tensor) and u.meta["val"].device.type == DEVICE
                 for u in node.users
             )
             if users_on_device:

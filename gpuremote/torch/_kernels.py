@@ -112,7 +112,9 @@ def install(dispatcher: Dispatcher) -> None:
 
         if all(
             not isinstance(a, torch.Tensor)
-            or (type(a) in (torch.Tensor, torch.nn.Parameter) and not torch._is_functional_tensor(a))
+            or (
+                type(a) in (torch.Tensor, torch.nn.Parameter) and not torch._is_functional_tensor(a)
+            )
             for a in args
         ):
             return args

@@ -73,9 +73,7 @@ def new_tensor(
     return tensor_on(new_storage(handle, nbytes, index, release), 0, sizes, strides, dtype)
 
 
-def new_storage(
-    handle: int, nbytes: int, index: int, release: Callable[[int, int], None]
-) -> torch.UntypedStorage:
+def new_storage(handle: int, nbytes: int, index: int, release: Callable[[int, int], None]) -> Any:
     """The storage of remote buffer ``handle`` (see ``new_tensor``)."""
     device = _DEVICES.get(index)
     if device is None:
@@ -86,7 +84,7 @@ def new_storage(
 
 
 def tensor_on(
-    storage: torch.UntypedStorage, offset: int, sizes: Any, strides: Any, dtype: torch.dtype
+    storage: Any, offset: int, sizes: Any, strides: Any, dtype: torch.dtype
 ) -> torch.Tensor:
     """A tensor viewing remote ``storage`` (``offset`` in elements of ``dtype``)."""
     t = torch._C._acc.create_empty_tensor((0,), dtype)

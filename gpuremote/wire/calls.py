@@ -99,10 +99,10 @@ VALUE_KINDS = frozenset({Arg.SIZE, Arg.PARAMS, Arg.KERNEL_ARGS, Arg.DIMS})
 
 class Param(NamedTuple):
     """One argument: its name, kind, and what the call does to what it names (a buffer for
-    array kinds). ``size_of``: this argument is the size in bytes of the buffer that the
-    argument of that name creates; ``offset_into``: an offset into the buffer that the
-    argument of that name names (it moves with it when a step is rebound); ``most``: the longest
-list it may be, where not ``MAX_LIST``."""
+        array kinds). ``size_of``: this argument is the size in bytes of the buffer that the
+        argument of that name creates; ``offset_into``: an offset into the buffer that the
+        argument of that name names (it moves with it when a step is rebound); ``most``: the longest
+    list it may be, where not ``MAX_LIST``."""
 
     name: str
     kind: Arg

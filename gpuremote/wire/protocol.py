@@ -33,11 +33,11 @@ from .limits import (
     MAX_ATEN_DEPTH,
     MAX_HANDLE,
     MAX_LIST,
-    MAX_STEP_ARRAYS,
     MAX_NAME,
     MAX_PARAM_LIST,
     MAX_PARAMS,
     MAX_SIZE,
+    MAX_STEP_ARRAYS,
     MAX_TENSORS,
     MAX_TEXT,
     WIRE_INT_MAX,
@@ -434,9 +434,7 @@ def _check_handle(v: Any, name: str, ctx: DecodeContext) -> int:
     return _int(v, name, 0, MAX_HANDLE)
 
 
-def _check_handles(
-    v: Any, name: str, ctx: DecodeContext, most: int = MAX_LIST
-) -> tuple[int, ...]:
+def _check_handles(v: Any, name: str, ctx: DecodeContext, most: int = MAX_LIST) -> tuple[int, ...]:
     if type(v) is not list or len(v) > most:
         raise BadCommand(f"argument {name!r} must be a list of at most {most} handles")
     return tuple([_int(h, name, 0, MAX_HANDLE) for h in v])

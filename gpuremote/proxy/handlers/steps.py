@@ -8,9 +8,9 @@ from typing import Any
 
 from ...wire.calls import CALLS_BY_NAME
 from ...wire.protocol import ArrayDesc, StepProgram
+from ..aten import check_recorded
 from ..state import CALL_FAILURES, BatchContext, CallFailed, Handler, ReplayFailed, SessionState
 from ..steps import RecordedStep, StepError, rebind
-from ..aten import check_recorded
 from . import aten, launches, memory, streams
 
 __all__ = ["HANDLERS", "make_results"]
