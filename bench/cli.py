@@ -485,6 +485,11 @@ _OPS_OPTIONS = (
     ),
     _option("--workload-steps", type=int, default=5, help="training steps per round"),
     _option(
+        "--compile",
+        action="store_true",
+        help="each workload also under torch.compile(backend='gpuremote'), beside eager",
+    ),
+    _option(
         "--pin",
         choices=("none", "same", "split"),
         default="none",

@@ -89,6 +89,7 @@ class OpsConfig(TargetOptions):
     workload: str = ""
     size: str = "small"
     workload_steps: int = 5
+    compile: bool = False  # the workloads under torch.compile(backend="gpuremote") too
     #: where the two processes run: "none" (the scheduler decides), "same" (one CPU for
     #: both: a round trip is two context switches) or "split" (a CPU each: a round trip is
     #: two cross-CPU wake-ups). The floor differs by ~3x between the two on a small VM.
@@ -211,6 +212,7 @@ async def run_ops(
             size=cfg.size,
             steps=cfg.workload_steps,
             rounds=cfg.rounds,
+            compile=cfg.compile,
             url=cfg.url,
             transport=cfg.transport,
             backend=cfg.backend,

@@ -195,13 +195,13 @@ def _torch_steps_table(state: dict[str, Any]) -> RenderableType:
         ),
         [
             (
-                w["name"],
+                w["name"] if w.get("mode", "eager") == "eager" else f"{w['name']} (compiled)",
                 _or_dash(w["local_step_ms"], ".1f"),
                 _or_dash(w["remote_step_ms"], ".1f"),
                 f"{_or_dash(w['remote_over_local'], '.2f')}x",
                 _or_dash(w["client_cpu_ms"], ".1f"),
                 _or_dash(w["proxy_cpu_ms"], ".1f"),
-                f"{w['aten_calls_per_step']:.0f}",
+                f"{w['calls_per_step']:.0f}",
                 _or_dash(w["client_cpu_per_call_us"], ".1f"),
                 f"{w['frames_per_step']:.1f}",
                 f"{w['round_trips_per_step']:.1f}",

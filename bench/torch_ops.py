@@ -6,10 +6,13 @@ its loss each step, on the local CPU and on the ``gpuremote`` device (a proxy th
 over tcp:// by default, or ``--url``), in interleaved rounds (local, remote, local, ...) so
 that the machine's drift hits both alike. Per step: wall time (p50, p90) on each side and
 their ratio; the client's CPU (this process, every thread) and the proxy's (its own process
-CPU, from its ``stats``); the ATen calls the step made and the client's CPU per call; frames
-sent and round trips. ``--size small`` (default) or ``real`` (the paper's sizes; each model
-says what it is). The workload ``ops`` measures single ops instead (``OP_CASES`` on 16
-floats): the client's CPU per op, remote beside local, gpuremote's own cost per ATen call.
+CPU, from its ``stats``); the calls the step made (ATen ops, transfers, replays, frees) and
+the client's CPU per call; frames sent and round trips. ``--size small`` (default) or ``real`` (the paper's sizes; each model
+says what it is). ``--compile``: each workload also under ``torch.compile(model,
+backend="gpuremote")`` (its graphs recorded in the warm-up, replayed by one message each), a
+row of its own beside eager, with its client CPU per step over eager's. The workload ``ops``
+measures single ops instead (``OP_CASES`` on 16 floats): the client's CPU per op, remote
+beside local, gpuremote's own cost per ATen call.
 """
 
 from __future__ import annotations
@@ -39,18 +42,23 @@ class _Side:
     calls: int = 0
     frames: int = 0
     round_trips: int = 0
+    replays: int = 0  # compiled graphs replayed by one message
+    eager_graphs: int = 0  # compiled graphs run op by op (recorded, or not recordable)
 
 
 def _p(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
-def _row(name: str, describe: str, local: _Side, remote: _Side) -> dict[str, Any]:
+def _row(
+    name: str, describe: str, local: _Side, remote: _Side, mode: str = "eager"
+) -> dict[str, Any]:
     lp50, rp50 = _p(local.wall_s, 50), _p(remote.wall_s, 50)
     n = max(remote.steps, 1)
     client_cpu = remote.client_cpu_s / n
     return {
         "name": name,
+        "mode": mode,
         "model": describe,
         "steps": remote.steps,
         "local_step_ms": None if lp50 is None else 1e3 * lp50,
@@ -61,23 +69,34 @@ def _row(name: str, describe: str, local: _Side, remote: _Side) -> dict[str, Any
         "local_cpu_ms": 1e3 * local.client_cpu_s / max(local.steps, 1),
         "client_cpu_ms": 1e3 * client_cpu,
         "proxy_cpu_ms": None if remote.proxy_cpu_s is None else 1e3 * remote.proxy_cpu_s / n,
-        "aten_calls_per_step": remote.calls / n,
+        "calls_per_step": remote.calls / n,
         "client_cpu_per_call_us": 1e6 * client_cpu / (remote.calls / n) if remote.calls else None,
         "frames_per_step": remote.frames / n,
         "round_trips_per_step": remote.round_trips / n,
+        "graph_replays_per_step": remote.replays / n,
+        "eager_graphs_per_step": remote.eager_graphs / n,
     }
 
 
-def _step(w: Any, model: Any, opt: Any, x: Any, y: Any) -> float:
-    """One training step, ending in the read of its loss."""
-    from torch import nn
-
+def _step(w: Any, model: Any, opt: Any, x: Any, y: Any, update: Any = None) -> float:
+    """One training step, ending in the read of its loss: ``update()`` (else the clipping
+    and the optimizer's step) after the backward pass."""
     loss = w.loss(model, x, y)
     opt.zero_grad()
     loss.backward()
-    nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
+    (update or _updater(model, opt))()
     return float(loss.item())
+
+
+def _updater(model: Any, opt: Any) -> Callable[[], None]:
+    """What follows the backward pass: the gradients clipped, the optimizer's step."""
+    from torch import nn
+
+    def update() -> None:
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    return update
 
 
 @contextlib.contextmanager
@@ -160,6 +179,7 @@ def _measure(
     backend: str,
     report: Callable[[dict[str, Any]], None],
     base: dict[str, Any],
+    compile: bool = False,
 ) -> dict[str, Any]:
     """The rounds (in a thread of its own: the device is driven from synchronous code)."""
     import torch
@@ -185,19 +205,31 @@ def _measure(
             g = torch.Generator().manual_seed(1)
             x, y = w.batch(g)
             data = {dev: (x.to(dev), y.to(dev)) for dev in models}
-            for dev in models:  # warm-up: the metadata cache, the allocator, lazy imports
-                _step(w, models[dev], opts[dev], *data[dev])
-            sides = {"cpu": _Side(), "gpuremote": _Side()}
+            # what each side runs: (the model, its device, its optimizer, the update)
+            runs: dict[str, tuple[Any, str, Any, Any]] = {
+                dev: (m, dev, opts[dev], _updater(m, opts[dev])) for dev, m in models.items()
+            }
+            if compile:  # the remote weights, the model and the update compiled (the
+                # optimizer's steps on the device: capturable, so that a graph holds them)
+                torch._dynamo.reset()
+                m = models["gpuremote"]
+                opt = torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.01, capturable=True)
+                update = torch.compile(_updater(m, opt), backend="gpuremote")
+                runs["compiled"] = (torch.compile(m, backend="gpuremote"), "gpuremote", opt, update)
+            for side_name, run in runs.items():  # warm-up: the metadata cache, the allocator,
+                for _ in range(2 if side_name == "compiled" else 1):  # lazy imports; the
+                    _step(w, run[0], run[2], *data[run[1]], run[3])  # recordings
+            sides = {k: _Side() for k in runs}
             for _ in range(rounds):
-                for dev in ("cpu", "gpuremote"):
-                    side = sides[dev]
+                for side_name, (model, dev, opt, update) in runs.items():
+                    side = sides[side_name]
                     remote = dev == "gpuremote"
                     p0 = _proxy_cpu(conn, in_process) if remote else None
                     s0 = conn.stats() if remote else None  # (the stats calls: outside)
                     c0 = time.process_time()
                     for _ in range(steps):
                         t0 = time.perf_counter()
-                        _step(w, models[dev], opts[dev], *data[dev])
+                        _step(w, model, opt, *data[dev], update)
                         side.wall_s.append(time.perf_counter() - t0)
                     side.client_cpu_s += time.process_time() - c0
                     side.steps += steps
@@ -207,15 +239,29 @@ def _measure(
                         side.calls += sum(s1["calls"].values()) - sum(s0["calls"].values())
                         side.frames += s1["frames_sent"] - s0["frames_sent"]
                         side.round_trips += s1["round_trips"] - s0["round_trips"]
+                        side.replays += s1["graph_replays"] - s0["graph_replays"]
+                        side.eager_graphs += s1["graphs_eager"] - s0["graphs_eager"]
                         if p0 is None or p1 is None or side.proxy_cpu_s is None:
                             side.proxy_cpu_s = None
                         else:
                             side.proxy_cpu_s += p1 - p0
-                row = _row(name, w.describe, sides["cpu"], sides["gpuremote"])
-                report({**base, "workloads": [*rows, row]})
-            rows.append(row)
-            del models, opts, data
+                done = _rows(name, w.describe, sides)
+                report({**base, "workloads": [*rows, *done]})
+            rows.extend(done)
+            del models, opts, data, runs
     return {**base, "workloads": rows}
+
+
+def _rows(name: str, describe: str, sides: dict[str, _Side]) -> list[dict[str, Any]]:
+    """A workload's rows: eager, and compiled (with its client CPU over eager's) if run."""
+    eager = _row(name, describe, sides["cpu"], sides["gpuremote"])
+    if "compiled" not in sides:
+        return [eager]
+    compiled = _row(name, describe, sides["cpu"], sides["compiled"], "compiled")
+    compiled["client_cpu_vs_eager"] = (
+        compiled["client_cpu_ms"] / eager["client_cpu_ms"] if eager["client_cpu_ms"] else None
+    )
+    return [eager, compiled]
 
 
 async def run_torch_ops(
@@ -228,6 +274,7 @@ async def run_torch_ops(
     transport: str,
     backend: str,
     report: Callable[[dict[str, Any]], None] = lambda s: None,
+    compile: bool = False,
 ) -> dict[str, Any]:
     """Run the bench (see the module docstring); returns the JSON result."""
     backend = "numpy" if backend == "auto" else backend
@@ -235,11 +282,11 @@ async def run_torch_ops(
         base = {"bench": "ops", "url": "inproc:// (in this process)", "transport": "inproc"}
         base.update(size=size, backend=backend)
         return await asyncio.to_thread(
-            _measure, workloads, size, steps, rounds, None, backend, report, base
+            _measure, workloads, size, steps, rounds, None, backend, report, base, compile
         )
     async with open_target(url, transport, backend) as target:
         base = {"bench": "ops", "url": target.url, "transport": target.transport}
         base.update(size=size, backend=backend)
         return await asyncio.to_thread(
-            _measure, workloads, size, steps, rounds, target.url, backend, report, base
+            _measure, workloads, size, steps, rounds, target.url, backend, report, base, compile
         )

@@ -66,7 +66,6 @@ class SyncDriver:
         #: how old the oldest post must be before the helper sends it (grows with each frame
         #: the helper sends; a waiting call sets it back to ``_nudge_s``)
         self._delay_s = self._nudge_s
-        self._polling = False  # the helper looks at the posts every nudge_s
         self._first_post = 0.0  # when the oldest post not yet sent was made
         self._error: BaseException | None = None
         self.closed = False
@@ -136,18 +135,17 @@ class SyncDriver:
             self._driver = None
 
     def _help(self) -> None:
-        """The helper thread: sends what was posted and not sent within ``nudge_s``, runs the
-        jobs of threads that cannot drive the loop. While posts keep coming it polls every
-        ``nudge_s`` (posting then signals nothing); after ``_IDLE_S`` without any it sleeps
-        until the next post."""
+        """The helper thread: sends what was posted and not sent within the current delay
+        (``nudge_s``, growing with each frame it sends until a waiting call), runs the jobs
+        of threads that cannot drive the loop. It sleeps between: a post into an empty queue
+        wakes it, and it waits only as long as the oldest post may wait (no polling)."""
         wake, posted, jobs = self._wake, self._posted, self._jobs
         while not self.closed:
-            wake.wait()
-            self._polling = True
-            quiet = 0.0
-            while quiet < _IDLE_S or posted or jobs:
-                wake.wait(self._nudge_s)  # a job wakes it at once; a waiting call may
-                wake.clear()  # take the posts meanwhile
+            if not wake.wait(None if self._delay_s == self._nudge_s else _IDLE_S):
+                self._delay_s = self._nudge_s  # idle: the next post goes at the first nudge
+                continue
+            wake.clear()
+            while True:
                 while jobs:
                     coro, job = jobs.popleft()
                     with self._owner:
@@ -155,23 +153,20 @@ class SyncDriver:
                             job.set_result(self._drive(coro))
                         except BaseException as exc:
                             job.set_exception(exc)
-                if self.closed:
-                    return
-                if posted:
-                    quiet = 0.0
-                    if self.holding or time.perf_counter() - self._first_post < self._delay_s:
-                        continue  # posted just now: a waiting call is likely to take it
-                    with self._owner:
-                        if not self._loop.is_closed():
-                            self._drive(self._send_posted())
-                    self._delay_s = min(self._delay_s * 4, max(MAX_NUDGE_S, self._nudge_s))
-                else:
-                    quiet += self._nudge_s
-                if quiet >= _IDLE_S:
-                    self._polling = False  # posts signal again from here on; then look once
-                    # more, for one that came before they did
-            self._polling = False
-            self._delay_s = self._nudge_s  # idle: the next post goes at the first nudge
+                if self.closed or not posted:
+                    break
+                age = time.perf_counter() - self._first_post
+                if self.holding or age < self._delay_s:
+                    # until the oldest post is due (a job, or a post after a waiting call
+                    # took the queue, wakes it sooner)
+                    wait = self._nudge_s if self.holding else self._delay_s - age
+                    wake.wait(max(wait, 20e-6))
+                    wake.clear()
+                    continue
+                with self._owner:
+                    if not self._loop.is_closed():
+                        self._drive(self._send_posted())
+                self._delay_s = min(self._delay_s * 4, max(MAX_NUDGE_S, self._nudge_s))
 
     async def _send_posted(self) -> None:
         self._drain()
@@ -185,13 +180,14 @@ class SyncDriver:
         if self.closed:
             raise ConnectionClosed(f"the device {self.url} is closed")
         posted = self._posted
-        if not posted:
+        first = not posted
+        if first:
             self._first_post = time.perf_counter()
         if self.recording is not None:
             self.recording.add(spec, stream, args, buffer)
         posted.append((spec, stream, args, buffer))
-        if not self._polling:  # the helper sleeps: it will send this if no call does
-            self._wake.set()
+        if first or len(posted) == 1:  # (1: another thread took the queue meanwhile) the
+            self._wake.set()  # helper sends it after the delay if no waiting call takes it
 
     def _drain(self) -> None:
         """On the loop: hand everything posted to the session, in order."""

@@ -202,11 +202,16 @@ class AtenSession:
             "mf": (self.formats, "memory format"),
         }
 
-    @contextlib.contextmanager
-    def isolated(self) -> Iterator[None]:
+    def isolated(self) -> contextlib.AbstractContextManager[Any]:
         """Ops run as plain torch, whatever the thread was doing: a proxy served in the
         client's process runs in the client's thread, which may be tracing (the fake
         tensors and functional modes of ``torch.compile``) or recording autograd."""
+        if not self.torch._C._len_torch_dispatch_stack():
+            return _PLAIN  # (a proxy's own thread: nothing to set aside)
+        return self._set_aside()
+
+    @contextlib.contextmanager
+    def _set_aside(self) -> Iterator[None]:
         from torch.utils._python_dispatch import _disable_current_modes
 
         with _disable_current_modes(), self.torch.no_grad():
@@ -229,10 +234,19 @@ class AtenSession:
                 f"has {nbytes}"
             )
         itemsize = TENSOR_DTYPES[desc.dtype]
-        base = s.backend.torch_buffer(buf)
-        if itemsize > 1:
-            base = base[: nbytes - nbytes % itemsize]
-        typed = base.view(self.dtypes[desc.dtype])
+        # the buffer as a flat tensor of the dtype, made once (kept with the buffer's other
+        # views: dropped when it is freed or replaced)
+        views = s.views.get(desc.handle)
+        key = ("torch", desc.dtype)
+        typed = views.get(key) if views is not None else None
+        if typed is None:
+            base = s.backend.torch_buffer(buf)
+            if itemsize > 1:
+                base = base[: nbytes - nbytes % itemsize]
+            typed = base.view(self.dtypes[desc.dtype])
+            if views is None:
+                views = s.views[desc.handle] = {}
+            views[key] = typed
         return typed.as_strided(desc.sizes, desc.strides, desc.offset // itemsize)
 
     def decode(self, value: Any, tensors: Sequence[Any]) -> Any:
@@ -512,6 +526,8 @@ def aten_session(state: SessionState) -> AtenSession:
         aten = state.aten = AtenSession(state)
     return aten
 
+
+_PLAIN = contextlib.nullcontext()
 
 #: the NumPy dtype whose peak rate a torch dtype runs at (``DeviceProfile.peak``)
 _NUMPY_OF: dict[str, Any] = {

@@ -159,8 +159,9 @@ class SessionState:
         self.buffers: dict[int, Any] = {}
         self.nbytes: dict[int, int] = {}
         self.device_bytes = 0
-        #: views of buffers already resolved, per buffer (a few each)
-        self.views: dict[int, dict[ArrayDesc, Any]] = {}
+        #: views of buffers already resolved, per buffer (a few each): by descriptor, and
+        #: as a flat torch tensor of a dtype by ("torch", dtype)
+        self.views: dict[int, dict[Any, Any]] = {}
         #: the session's default stream: device memory is allocated in order on it
         self.stream0 = backend.create_stream()
         self.streams: dict[int, Any] = {0: self.stream0}

@@ -256,9 +256,38 @@ def _compiler(
 ) -> Callable[[torch.fx.GraphModule, Sequence[Any]], _Graph]:
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> _Graph:
         _constants_to_device(gm)
+        _copies_as_one(gm)
         return _Graph(gm, resolve)
 
     return compile_graph
+
+
+def _copies_as_one(gm: torch.fx.GraphModule) -> None:
+    """The ``copy_`` of each updated value into its input (how AOTAutograd writes an
+    optimizer's step, or clipped gradients, back) as one ``_foreach_copy_`` where the
+    graph does no more with those inputs: one op on the proxy, not one per tensor."""
+    copy = torch.ops.aten.copy_.default
+    order = {node: i for i, node in enumerate(gm.graph.nodes)}
+    copies = [
+        n
+        for n in gm.graph.nodes
+        if n.target is copy
+        and not n.users
+        and len(n.args) == 2
+        and not n.kwargs
+        and n.args[0].op == "placeholder"
+        and all(order[u] < order[n] for u in n.args[0].users if u is not n)
+    ]
+    if len(copies) < 2 or len({c.args[0] for c in copies}) != len(copies):
+        return
+    with gm.graph.inserting_after(copies[-1]):
+        gm.graph.call_function(
+            torch.ops.aten._foreach_copy_.default,
+            ([c.args[0] for c in copies], [c.args[1] for c in copies]),
+        )
+    for c in copies:
+        gm.graph.erase_node(c)
+    gm.recompile()
 
 
 def _constants_to_device(gm: torch.fx.GraphModule) -> None:
@@ -297,4 +326,10 @@ def backend(
     from ._backend import dispatcher
 
     compile_graph = _compiler(dispatcher.driver)
-    return aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph)(gm, example_inputs)
+    # in-place updates of the inputs (an optimizer's step, batch norm's statistics) stay in
+    # the graph (as ``copy_`` into them), not one call each after every replay
+    return aot_autograd(
+        fw_compiler=compile_graph,
+        bw_compiler=compile_graph,
+        keep_inference_input_mutations=True,
+    )(gm, example_inputs)

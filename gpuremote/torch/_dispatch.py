@@ -53,7 +53,7 @@ class _Plan:
     """How to run one op (per op, from its schema): is it a view, does it depend on the
     data, and where each of its returns comes from."""
 
-    __slots__ = ("dynamic", "name", "returns", "view")
+    __slots__ = ("dynamic", "in_place", "name", "returns", "view")
 
     def __init__(self, op: torch._ops.OpOverload) -> None:
         schema = op._schema
@@ -77,6 +77,12 @@ class _Plan:
                         source = (i, a.name)
                         break
             self.returns.append(source)
+        #: every return is an operand it writes in place (none is new, none an out=, which
+        #: may be resized): the outputs' metadata does not depend on float arguments
+        self.in_place = all(
+            source is not None and not schema.arguments[source[0]].is_out
+            for source in self.returns
+        ) and any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
 
 
 class _Uploads(dict[int, Callable[[torch.Tensor], torch.Tensor]]):
@@ -171,7 +177,7 @@ class Dispatcher:
             return op.redispatch(_CPU_KEYS, *args, **kwargs)
         tensors: list[torch.Tensor] = []
         index = self._index_of(args, kwargs) if len(self.drivers) > 1 else 0
-        encode = Encoder(tensors, self._uploads[index])
+        encode = Encoder(tensors, self._uploads[index], not plan.in_place)
         wire_args = [[encode(a) for a in args], {k: encode(v) for k, v in kwargs.items()}]
         d = self.driver(index)
         if plan.dynamic:

@@ -19,17 +19,23 @@ class Encoder:
     signature for the metadata cache, built on the way (``signature()``)."""
 
     def __init__(
-        self, tensors: list[torch.Tensor], upload: Callable[[torch.Tensor], torch.Tensor]
+        self,
+        tensors: list[torch.Tensor],
+        upload: Callable[[torch.Tensor], torch.Tensor],
+        floats_matter: bool = True,
     ) -> None:
         self.tensors = tensors
         self.upload = upload
+        #: False: the signature has a float argument's type, not its value (an in-place op's
+        #: metadata does not depend on it: an optimizer's step sizes change at every step)
+        self.floats_matter = floats_matter
         self.sig: list[Any] = []
         #: each tensor's wire form [handle, offset, sizes, strides, dtype], as encoded
         self.descs: list[list[Any]] = []
 
     def __call__(self, a: Any) -> Any:
         if a is None or type(a) in (bool, int, float, str):
-            self.sig.append(a)
+            self.sig.append(a if self.floats_matter or type(a) is not float else float)
             return a
         if isinstance(a, torch.Tensor):
             if a.is_cpu or not is_remote(a):
