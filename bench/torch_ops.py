@@ -7,10 +7,12 @@ over tcp:// by default, or ``--url``), in interleaved rounds (local, remote, loc
 that the machine's drift hits both alike. Per step: wall time (p50, p90) on each side and
 their ratio; the client's CPU (this process, every thread) and the proxy's (its own process
 CPU, from its ``stats``); the calls the step made (ATen ops, transfers, replays, frees) and
-the client's CPU per call; frames sent and round trips. ``--size small`` (default) or ``real`` (the paper's sizes; each model
-says what it is). ``--compile``: each workload also under ``torch.compile(model,
-backend="gpuremote")`` (its graphs recorded in the warm-up, replayed by one message each), a
-row of its own beside eager, with its client CPU per step over eager's. The workload ``ops``
+the client's CPU per call; frames sent and round trips. ``--size small`` (default) or
+``real`` (the paper's sizes; each model says what it is). ``--compile``: each workload also compiled
+(``torch.compile(model, backend="gpuremote")``, and the update after the backward pass, the
+clipping and AdamW's step, with the optimizer's state on the device: ``capturable``), its
+graphs recorded in the warm-up and replayed by one message each: a row of its own beside
+eager, with its client CPU per step over eager's. The workload ``ops``
 measures single ops instead (``OP_CASES`` on 16 floats): the client's CPU per op, remote
 beside local, gpuremote's own cost per ATen call.
 """

@@ -80,8 +80,7 @@ class _Plan:
         #: every return is an operand it writes in place (none is new, none an out=, which
         #: may be resized): the outputs' metadata does not depend on float arguments
         self.in_place = all(
-            source is not None and not schema.arguments[source[0]].is_out
-            for source in self.returns
+            source is not None and not schema.arguments[source[0]].is_out for source in self.returns
         ) and any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
 
 
