@@ -243,7 +243,7 @@ def _floats(text: str | None, default: list[float]) -> list[float]:
 def _requirements_config(args: argparse.Namespace) -> Any:
     """``bench requirements``: over ``emu+inproc``, the paper's grid on a simulated A100 (with
     the numpy default) in the modes asked for; else a smaller grid over a real transport."""
-    from .requirements import MODES, PAPER_BWS_GBIT, PAPER_RTTS_US, RequirementsConfig
+    from .requirements import MODE_ALIASES, MODES, PAPER_BWS_GBIT, PAPER_RTTS_US, RequirementsConfig
 
     quick = args.quick
     common = {
@@ -262,9 +262,10 @@ def _requirements_config(args: argparse.Namespace) -> Any:
             repeats=1 if quick else args.repeats or 3,
         )
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    bad = [m for m in modes if m not in MODES]
+    bad = [m for m in modes if m not in MODES and m not in MODE_ALIASES]
     if bad:
-        raise SystemExit(f"unknown mode(s) {bad}; choose from {', '.join(MODES)}")
+        known = ", ".join([*MODES, *MODE_ALIASES])
+        raise SystemExit(f"unknown mode(s) {bad}; choose from {known}")
     return RequirementsConfig(
         **common,
         backend="sim:a100" if args.backend == "numpy" else args.backend,
@@ -422,7 +423,14 @@ _FUZZ_OPTIONS = (
 )
 _REQUIREMENTS_OPTIONS = (
     *_COMMON,
-    _option("--workloads", default="mlp,transformer,upload"),
+    _option(
+        "--workloads",
+        "--workload",
+        default="mlp,transformer,upload",
+        help="comma-separated: mlp, transformer, upload (the async API's), resnet18, bert, "
+        "gpt2 (PyTorch: the paper's sizes over emu+inproc, the small ones with --quick; "
+        "modes optimized (eager), compiled, unoptimized; needs the [torch] extra)",
+    ),
     _option(
         "--rtts",
         default=None,
@@ -438,7 +446,7 @@ _REQUIREMENTS_OPTIONS = (
         "--modes",
         default="unoptimized,optimized,replay",
         help="over emu+inproc: unoptimized, optimized, replay (each step captured once and "
-        "replayed by one message)",
+        "replayed by one message; for the PyTorch workloads: compiled, each graph so)",
     ),
     _option("--tolerance", type=float, default=0.05),
     _option(

@@ -16,6 +16,11 @@ Cases:
 - ``transformer_step``: one inference step of a transformer block at batch 1, remote and in
   process (``gpuremote.tools.direct``), and the slowdown between them.
 
+The single ops and the chains also report the Python calls per op (``python_calls_per_op``,
+split into ``client_python_calls_per_op`` and ``proxy_python_calls_per_op``: the proxy's
+where it runs in this process, ``--transport inproc``), counted by ``cProfile`` after the
+rounds: a figure that does not move with the machine's speed.
+
 Steps (each row is per step, beside the same step in process: ``ops_per_step``,
 ``remote_us``, ``local_us``, ``overhead_us`` = remote - local at p50, ``frames_per_step``,
 ``client_cpu_us``, ``proxy_cpu_us``):
@@ -51,6 +56,7 @@ from gpuremote.tools.stdio import restore_stdout
 from gpuremote.tools.workloads import transformer_block
 
 from .baseline import ProtocolEchoClient
+from .calls import count_calls, count_calls_async
 from .stats import ratio
 from .target import Target, TargetOptions, open_target
 
@@ -67,6 +73,10 @@ STEP_CASES = (
 )
 ALL_CASES = (*CASES, *STEP_CASES, "mlp_replay_unread")
 UNREAD = 20  # steps between reads in mlp_replay_unread
+#: the cases whose Python calls per op are counted (``gpuremote.bench.calls``; the client's,
+#: and the proxy's where it runs in this process), over this many ops each
+_COUNTED = ("sync_op", "xp_sync_op", "async_chain", "xp_async_chain")
+_COUNTED_RUNS = 200
 _ECHO = b"gpuremote-echo16"  # 16 bytes
 #: a pause after the paths that leave threads busy for a while: gpuremote.xp's helper polls
 #: for 50 ms after the last post, and BLAS worker threads spin for a while after a matmul
@@ -150,6 +160,8 @@ class _Figures:
     blocks_s: list[float] = field(default_factory=list)  # chains: seconds per whole chain
     frames: int = 0  # frames the client sent
     ops_per_step: int | None = None  # steps: the calls one makes (counted in process)
+    #: Python calls per op (``gpuremote.bench.calls``), counted after the rounds
+    calls: dict[str, float] = field(default_factory=dict)
 
     def summary(self, name: str) -> dict[str, Any]:
         a = np.asarray(self.wall_ns, dtype=np.float64) / 1e3
@@ -168,6 +180,7 @@ class _Figures:
         }
         if self.blocks_s:
             out["ops_per_s"] = self.ops / sum(self.blocks_s)
+        out.update(self.calls)
         return out
 
 
@@ -287,6 +300,15 @@ async def _measure(
             in_process = name == "transformer_local" or name.endswith(":local")
             await _measure_path(figures[name], fn, per, reps, gpu, None if in_process else clock)
         report(_result(cfg, target, figures, why_not, r + 1))
+    for name in cfg.cases:  # the Python calls per op: not timed, counted
+        if name in _COUNTED:
+            fn, per, _ = paths[name]
+            runs = max(1, _COUNTED_RUNS // per)
+            if inspect.iscoroutinefunction(fn):
+                counted = await count_calls_async(fn, runs)
+            else:
+                counted = await asyncio.to_thread(count_calls, fn, runs)
+            figures[name].calls = {k: v / per for k, v in counted.items()}
     await local.aclose()
     return _result(cfg, target, figures, why_not, cfg.rounds)
 

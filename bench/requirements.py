@@ -24,13 +24,13 @@ given the trace of a captured local run, one ``step_replay`` per step).
 
 from __future__ import annotations
 
-import functools
+import asyncio
 import math
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -40,11 +40,24 @@ from gpuremote.tools.model import Costs, predict
 from gpuremote.tools.model import local_seconds as local_seconds_of
 from gpuremote.tools.workloads import WORKLOADS
 
+from .points import (
+    Mode,
+    _median_run,
+    _min_requirement,
+    _mode_points,
+    _Point,
+    _Progress,
+    _remote_calls,
+    _requirements,
+    _Run,
+    _run_queue_s,
+)
 from .target import TargetOptions, open_target
 
 __all__ = [
     "EMU_SIZES",
     "MODES",
+    "MODE_ALIASES",
     "PAPER_BWS_GBIT",
     "PAPER_RTTS_US",
     "SIZES",
@@ -57,21 +70,6 @@ __all__ = [
 #: the paper's grid (shared/notes/paper.md): RTTs in µs and bandwidths in Gbit/s
 PAPER_RTTS_US: list[float] = [1, 2, 5, 10, 20, 40, 100]
 PAPER_BWS_GBIT: list[float] = [10, 25, 100, 200]
-
-
-@dataclass(frozen=True)
-class Mode:
-    """How the client remotes a workload in one column of the sweep."""
-
-    name: str
-    connect: dict[str, Any]  # keyword arguments of gpuremote.connect
-    optimized: bool  # the model's switch
-    unavailable: str | None = None  # why this mode cannot run yet (None: it can)
-    run: tuple[tuple[str, Any], ...] = ()  # keyword arguments of the workload
-
-    def workload(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``fn`` as this mode runs it (its local baseline stays plain ``fn``)."""
-        return functools.partial(fn, **dict(self.run)) if self.run else fn
 
 
 #: the sweep's modes: the optimisations off, on, and on with each step captured once and
@@ -88,6 +86,9 @@ MODES: dict[str, Mode] = {
         run=(("capture", True),),
     ),
 }
+
+#: other names of the modes: a PyTorch workload's compiled graphs are its captured steps
+MODE_ALIASES = {"compiled": "replay"}
 
 #: workload sizes for the sweep (smaller than the workloads' own defaults, to keep it minutes)
 SIZES: dict[str, dict[str, Any]] = {
@@ -248,17 +249,6 @@ async def run_requirements(
     return await _run_real(cfg, report)
 
 
-class _Progress:
-    """The sweep's points done, of ``total``, reported after each."""
-
-    def __init__(self, total: int, report: Callable[[dict[str, Any]], None]) -> None:
-        self.total, self.done, self._report = total, 0, report
-
-    def point_done(self, workload: str, **more: Any) -> None:
-        self.done += 1
-        self._report({"workload": workload, "done": self.done, "total": self.total, **more})
-
-
 async def _run_real(
     cfg: RequirementsConfig, report: Callable[[dict[str, Any]], None] = lambda s: None
 ) -> dict[str, Any]:
@@ -392,27 +382,6 @@ def timing_backend(spec: str) -> str:
     return spec
 
 
-@dataclass(frozen=True)
-class _Run:
-    """What one run of a workload's steps over one link measured (seconds)."""
-
-    wall: float
-    awaited: float  # the client waiting in synchronous calls
-    proxy_busy: float  # the proxy handling frames (its device waits included)
-    device_waited: float  # the simulated device's waits, in the proxy
-    late: float  # frames released after they could have been (the emulator's own error)
-    stolen: float  # this thread ready to run but not running (other processes had the CPUs)
-
-
-def _run_queue_s() -> float:
-    """Seconds this thread has waited for a CPU (Linux's schedstat; 0 where unknown)."""
-    try:
-        with open("/proc/thread-self/schedstat") as fh:
-            return int(fh.read().split()[1]) / 1e9
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
 class _Link:
     """One client session over one URL, instrumented: ``await link.run()`` runs the workload
     once and returns what its steps took (from its ``ready`` call to its end) and what the
@@ -498,106 +467,6 @@ async def _local(
     return _Run(seconds, 0.0, 0.0, 0.0, 0.0, stolen), steps
 
 
-def _remote_calls(trace: list[Any], optimized: bool) -> tuple[int, int, float, float]:
-    """(remote calls, round trips, the calls' local gaps, their host time on the proxy)."""
-    calls = trips = 0
-    gaps = host = 0.0
-    for t in trace:
-        gaps += t.gap_s
-        if t.klass == "local" and (optimized or not t.shadow_bytes):
-            continue
-        calls += 1
-        host += t.device_s
-        trips += 1 if (t.klass == "sync" or not optimized or t.klass == "local") else 0
-    return calls, trips, gaps, host
-
-
-def _fitted(trace: list[Any], mode: Mode, run: _Run, per_trip: float) -> tuple[Costs, list[Any]]:
-    """The trace and costs the model is given for ``run``, from what it measured: the
-    client's own time (outside its synchronous waits: the workload's code and making the
-    calls) spread over the calls as the local run's gaps are; the proxy's busy time beyond
-    the device's waits, over the remote calls as the local executor's time for each call
-    (its host time, ``device_s``) plus an equal share of what the proxy spent beyond that
-    (decoding, dispatch; where the proxy spent less, the host times scaled down), so that a
-    call doing much work (a recorded step's replay) costs the proxy that much more;
-    ``per_trip``: the rest of a round trip (loop hops, replies), from the bare link
-    (``_per_trip``). The link and the device are the model's."""
-    calls, _, gaps, host = _remote_calls(trace, mode.optimized)
-    client = run.wall - run.awaited
-    scale = client / gaps if gaps > 0 else 1.0
-    proxy = max(0.0, run.proxy_busy - run.device_waited)
-    fixed = max(0.0, proxy - host) / max(1, calls)
-    share = (proxy - fixed * calls) / host if host > 0 else 0.0
-    scaled = [replace(t, gap_s=t.gap_s * scale, device_s=t.device_s * share) for t in trace]
-    return Costs(proxy_per_call=fixed, client_per_trip=per_trip), scaled
-
-
-def _proxy_per_call(scaled: list[Any], mode: Mode, costs: Costs) -> float:
-    """What the proxy spent per remote call, as ``_fitted`` gave it to the model."""
-    calls, _, _, host = _remote_calls(scaled, mode.optimized)
-    return costs.proxy_per_call + host / max(1, calls)
-
-
-def _predicted(
-    trace: list[Any], mode: Mode, run: _Run, per_trip: float, rtt_us: float, bw_gbit: float | None
-) -> tuple[float, Costs, list[Any]]:
-    costs, scaled = _fitted(trace, mode, run, per_trip)
-    bw = None if bw_gbit is None else bw_gbit * 1e9
-    p = predict(scaled, rtt_us * 1e-6, bw, optimized=mode.optimized, costs=costs, batched=True)
-    return p.seconds, costs, scaled
-
-
-def _quiet(runs: list[_Run], share: float = 0.02) -> list[_Run]:
-    """The runs that lost at most ``share`` of their time to other processes, else the
-    third that lost least: other engineers' jobs on a shared machine take this process's CPU
-    at random, which is nobody's cost (``stolen``)."""
-    quiet = [r for r in runs if r.stolen <= share * r.wall]
-    if quiet:
-        return quiet
-    return sorted(runs, key=lambda r: r.stolen / r.wall)[: max(1, len(runs) // 3)]
-
-
-def _proxy_s(run: _Run) -> float:
-    """The proxy's own time in ``run`` (not waiting for the device)."""
-    return run.proxy_busy - run.device_waited
-
-
-def _per_trip(trace: list[Any], mode: Mode, bare: list[_Run], like: _Run | None = None) -> float:
-    """What a round trip costs beyond the client's and proxy's measured time: what remains
-    of the bare link's time (no RTT, no bandwidth limit) per round trip (the median over the
-    quiet runs). With ``like``, that rest in proportion to the proxy's time, as ``like``
-    measured it: it is the same kind of work (loop turns, futures, the emulator's pump:
-    Python on small objects), and a shared machine's speed drifts by 10-20% between runs a
-    few ms apart (not the client's time: uploads make it memory-bound, which drifts apart)."""
-    _, trips, _, _ = _remote_calls(trace, mode.optimized)
-    rests = []
-    for r in _quiet(bare):
-        rest = (r.wall - _predicted(trace, mode, r, 0.0, 0.0, None)[0]) / max(1, trips)
-        rests.append(rest if like is None else rest * _proxy_s(like) / _proxy_s(r))
-    return float(np.median(rests))
-
-
-def _quietest(*series: list[_Run], share: float = 0.02) -> int:
-    """The index ``i`` of the runs to report, where ``series`` are runs made in turn
-    (``a[i]``, ``b[i]``, ... one after the other): among the turns that lost at most
-    ``share`` of their time to other processes (else the least-disturbed third), the one
-    whose last run took the median time."""
-    runs = series[-1]
-    lost = [
-        sum(s[i].stolen for s in series) / sum(s[i].wall for s in series) for i in range(len(runs))
-    ]
-    order = sorted(range(len(runs)), key=lambda i: lost[i])
-    keep = [i for i in order if lost[i] <= share] or order[: max(1, len(order) // 3)]
-    keep.sort(key=lambda i: runs[i].wall)
-    return keep[(len(keep) - 1) // 2]  # the lower median
-
-
-def _median_run(runs: list[_Run]) -> _Run:
-    """The run of the median time among the quiet ones (``_quiet``)."""
-    quiet = sorted(_quiet(runs), key=lambda r: r.wall)
-    return quiet[len(quiet) // 2]
-
-
 def _emu_url(base: str, rtt_us: float | None, bw_gbit: float | None) -> str:
     opts = ["copy=0"]
     if rtt_us is not None:
@@ -605,36 +474,6 @@ def _emu_url(base: str, rtt_us: float | None, bw_gbit: float | None) -> str:
     if bw_gbit is not None:
         opts.append(f"bw={bw_gbit:g}gbit")
     return f"emu+{base}?{'&'.join(opts)}"
-
-
-def _requirements(
-    points: list[dict[str, Any]], modes: list[Mode], tol: float, slowdown: str
-) -> dict[str, dict[str, Any]]:
-    """``_min_requirement`` per mode, judged by the points' ``slowdown`` figure."""
-    judged = [{**p, "slowdown": p[slowdown]} for p in points]
-    return {m.name: _min_requirement(judged, m.name, tol) for m in modes}
-
-
-def _min_requirement(points: list[dict[str, Any]], mode: str, tol: float) -> dict[str, Any]:
-    """The largest RTT up to which every RTT of the grid keeps the slowdown within ``tol``
-    at the grid's best bandwidth, and the smallest bandwidth from which every bandwidth does
-    at the grid's best RTT (None: not even the best one does)."""
-    pts = [p for p in points if p["mode"] == mode]
-    if not pts:
-        return {"rtt_us": None, "bw_gbit": None}
-    best_bw = max(p["bw_gbit"] for p in pts)
-    best_rtt = min(p["rtt_us"] for p in pts)
-    rtt_ok: float | None = None
-    for p in sorted((p for p in pts if p["bw_gbit"] == best_bw), key=lambda p: p["rtt_us"]):
-        if p["slowdown"] > tol:
-            break
-        rtt_ok = p["rtt_us"]
-    bw_ok: float | None = None
-    for p in sorted((p for p in pts if p["rtt_us"] == best_rtt), key=lambda p: -p["bw_gbit"]):
-        if p["slowdown"] > tol:
-            break
-        bw_ok = p["bw_gbit"]
-    return {"rtt_us": rtt_ok, "bw_gbit": bw_ok}
 
 
 @dataclass(frozen=True)
@@ -651,17 +490,6 @@ class _Sweep:
     progress: _Progress
 
 
-class _Point(NamedTuple):
-    """One point of the grid in one mode, as measured: its turns' runs over the point's link,
-    over the bare link, and in process (``runs[i]``, ``bare[i]``, ``local[i]``: one turn)."""
-
-    rtt: float
-    bw: float
-    runs: list[_Run]
-    bare: list[_Run]
-    local: list[_Run]
-
-
 async def _run_emulated(
     cfg: RequirementsConfig, report: Callable[[dict[str, Any]], None]
 ) -> dict[str, Any]:
@@ -670,7 +498,11 @@ async def _run_emulated(
 
     backend = timing_backend(cfg.backend)
     sizes = EMU_QUICK_SIZES if cfg.quick else EMU_SIZES
-    modes = [MODES[m] for m in cfg.modes]
+    modes = list(
+        {
+            MODES[MODE_ALIASES.get(m, m)].name: MODES[MODE_ALIASES.get(m, m)] for m in cfg.modes
+        }.values()
+    )
     skipped = {m.name: m.unavailable for m in modes if m.unavailable}
     modes = [m for m in modes if not m.unavailable]
     name = f"requirements-{os.getpid()}-{time.monotonic_ns()}"
@@ -680,12 +512,25 @@ async def _run_emulated(
     proxy = Proxy(backend, inline_us=math.inf, contention_s=0.0)
     base = await proxy.start(f"inproc://{name}")
     out: list[dict[str, Any]] = []
-    total = len(cfg.workloads) * len(modes) * len(cfg.rtts_us) * len(cfg.bws_gbit)
+    from .torch_requirements import TORCH_WORKLOADS, torch_modes, torch_workload
+
+    torch_names = [w for w in cfg.workloads if w in TORCH_WORKLOADS]
+    modes_torch = torch_modes(cfg.modes) if torch_names else []
+    grid = len(cfg.rtts_us) * len(cfg.bws_gbit)
+    total = (len(cfg.workloads) - len(torch_names)) * len(modes) * grid
+    total += len(torch_names) * len(modes_torch) * grid
     sweep = _Sweep(cfg, modes, backend, proxy, base, name, _Progress(total, report))
     t_start = time.perf_counter()
     try:
         for wname in cfg.workloads:
-            out.append(await _emulated_workload(sweep, wname, sizes[wname]))
+            if wname in TORCH_WORKLOADS:  # synchronous PyTorch: in a thread of its own
+                out.append(
+                    await asyncio.to_thread(
+                        torch_workload, cfg, backend, modes_torch, wname, sweep.progress
+                    )
+                )
+            else:
+                out.append(await _emulated_workload(sweep, wname, sizes[wname]))
     finally:
         await proxy.close()
     errors = [abs(p["model_error"]) for w in out for p in w["points"]]
@@ -809,82 +654,6 @@ async def _measure_grid(
                 local_runs += local
                 sweep.progress.point_done(wname)
     return measured, local_runs
-
-
-def _mode_points(
-    cfg: RequirementsConfig,
-    mode: Mode,
-    trace: list[Any],
-    measured: list[_Point],
-    local_s: float,
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """One mode's points, each beside the model's prediction, and the mode's costs as the
-    bare link's runs measured them."""
-    every = [r for p in measured for r in p.bare]
-    per_trip_all = _per_trip(trace, mode, every)
-    mid = _median_run(every)
-    _, bare_costs, scaled = _predicted(trace, mode, mid, per_trip_all, 0.0, None)
-    ncalls = max(1, _remote_calls(trace, mode.optimized)[0])
-    costs = {
-        "client_per_call_us": sum(t.gap_s for t in scaled) / ncalls * 1e6,
-        "proxy_per_call_us": _proxy_per_call(scaled, mode, bare_costs) * 1e6,
-        "per_trip_us": per_trip_all * 1e6,
-        "bare_link_s": mid.wall,
-        "bare_runs": len(every),
-    }
-    network_local_s = local_seconds_of(trace)
-    points = [
-        _emulated_point(cfg, mode, trace, p, local_s, network_local_s, ncalls) for p in measured
-    ]
-    return points, costs
-
-
-def _emulated_point(
-    cfg: RequirementsConfig,
-    mode: Mode,
-    trace: list[Any],
-    point: _Point,
-    local_s: float,
-    network_local_s: float,
-    ncalls: int,
-) -> dict[str, Any]:
-    """One point: its least disturbed turn, measured and predicted (``local_s``: the local
-    runs' median; ``network_local_s``: the local time of the mode's trace, the network-only
-    prediction's baseline)."""
-    rtt, bw, runs, bare, local = point
-    # the triple (a local run, a bare run, the point's run, one after the other) that other
-    # processes disturbed least; among equals, the one of the median time; the slowdown is
-    # against the local runs' median (their turns spread over the whole sweep)
-    i = _quietest(local, bare, runs)
-    r = runs[i]
-    # the rest of a round trip: from the point's bare runs (their median: one run can be held
-    # up by what no CPU figure shows), in proportion to the proxy's own time in the point's run
-    per_trip = _per_trip(trace, mode, bare, like=r)
-    predicted, costs, scaled = _predicted(trace, mode, r, per_trip, rtt, bw)
-    ideal = predict(trace, rtt * 1e-6, bw * 1e9, optimized=mode.optimized, batched=True).seconds
-    err = predicted / r.wall - 1
-    emu_error = r.late / r.wall
-    stolen = (r.stolen + bare[i].stolen) / r.wall
-    return {
-        "rtt_us": rtt,
-        "bw_gbit": bw,
-        "mode": mode.name,
-        "optimized": mode.optimized,
-        "measured_s": r.wall,
-        "predicted_s": predicted,
-        "model_error": err,
-        "emulator_error": emu_error,
-        "cpu_stolen": stolen,
-        "within": abs(err) <= max(cfg.tolerance, emu_error + stolen),
-        "slowdown": r.wall / local_s - 1,
-        "predicted_slowdown": predicted / local_s - 1,
-        "network_only_slowdown": ideal / network_local_s - 1,
-        "client_per_call_us": sum(t.gap_s for t in scaled) / ncalls * 1e6,
-        "proxy_per_call_us": _proxy_per_call(scaled, mode, costs) * 1e6,
-        "runs_s": [x.wall for x in runs],
-        "bare_runs_s": [x.wall for x in bare],
-        "per_trip_us": per_trip * 1e6,
-    }
 
 
 def _mode(point: dict[str, Any]) -> str:

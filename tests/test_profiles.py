@@ -150,7 +150,8 @@ def test_the_proxy_time_follows_each_calls_work() -> None:
     """The bench gives the model the proxy's measured time per call as the local executor's
     time for that call (scaled to the proxy's total) plus an equal share of any excess:
     a replay, one call doing a step's work, costs the proxy that much more than a read."""
-    from gpuremote.bench.requirements import MODES, _fitted, _proxy_per_call, _Run
+    from gpuremote.bench.points import _fitted, _proxy_per_call, _Run
+    from gpuremote.bench.requirements import MODES
 
     from gpuremote.tools.direct import TraceEntry
 
@@ -279,7 +280,7 @@ def test_the_replay_mode_runs_workloads_captured() -> None:
 
 
 def test_min_requirement_is_the_contiguous_edge_of_the_grid() -> None:
-    from gpuremote.bench.requirements import _min_requirement
+    from gpuremote.bench.points import _min_requirement
 
     def pt(rtt: float, bw: float, slowdown: float) -> dict[str, object]:
         return {"rtt_us": rtt, "bw_gbit": bw, "mode": "optimized", "slowdown": slowdown}
@@ -298,7 +299,7 @@ def test_min_requirement_is_the_contiguous_edge_of_the_grid() -> None:
 
 
 def test_the_least_disturbed_turn_is_reported() -> None:
-    from gpuremote.bench.requirements import _quietest, _Run
+    from gpuremote.bench.points import _quietest, _Run
 
     def run(wall: float, stolen: float) -> _Run:
         return _Run(wall, 0.0, 0.0, 0.0, 0.0, stolen)

@@ -291,6 +291,13 @@ class EmulatedConnection(Connection):
     def closed(self) -> bool:
         return self._inner.closed
 
+    def set_link(self, rtt_s: float, bw_bps: float | None) -> None:
+        """Change the link's round trip and bandwidth (both directions) for what is sent
+        from now on (a sweep over one session)."""
+        for link in (self._out, self._in):
+            link.one_way = rtt_s / 2
+            link.bw = bw_bps
+
     @property
     def late_total_s(self) -> float:
         """How late the frames were released after their deadlines, added up: at most this

@@ -43,8 +43,10 @@ MAX_NUDGE_S = 0.008
 class SyncDriver:
     """A session opened to ``url`` (see the module docstring), driven from synchronous code:
     ``post`` queues an ASYNC call, ``call`` makes a SYNC one; ``serve``: serve a proxy of
-    that backend in this process first. Front ends (``gpuremote.xp``, ``gpuremote.torch``)
-    build on it."""
+    that backend in this process first (``proxy_options``: the ``Proxy``'s settings; with a
+    ``url`` of ``emu+inproc://NAME?...``, behind that emulated link); ``session``: a session
+    made already (``gpuremote.tools.direct``'s: each call runs where it is made). Front ends
+    (``gpuremote.xp``, ``gpuremote.torch``) build on it."""
 
     def __init__(
         self,
@@ -52,6 +54,8 @@ class SyncDriver:
         *,
         serve: str | None = None,
         nudge_us: float = 200.0,
+        session: Session | None = None,
+        proxy_options: dict[str, Any] | None = None,
         **options: Any,
     ) -> None:
         # asyncio's own loop, not uvloop: the loop is run once per waiting call, and uvloop
@@ -84,15 +88,25 @@ class SyncDriver:
         self._helper = threading.Thread(target=self._help, name="gpuremote-xp", daemon=True)
         self._helper.start()
 
+        #: calls run at once where they are made (a session that runs them in this
+        #: process, with no wire: ``gpuremote.tools.direct``), not queued for a frame
+        self.direct = session is not None
+
         async def open_() -> tuple[str, Session, dict[str, Any]]:
+            if session is not None:
+                return session.url, session, {"backend": "local"}
             target = url
             if serve is not None:  # a proxy of our own, on this loop (loads the proxy side)
                 from ..proxy import Proxy
 
-                self._proxy = Proxy(serve)
-                target = await self._proxy.start(url or f"inproc://sync-{id(self):x}")
-            session, info = await opener.open(target, **options)
-            return session.url, session, info
+                self._proxy = Proxy(serve, **(proxy_options or {}))
+                listen = url or f"inproc://sync-{id(self):x}"
+                if listen.startswith("emu+"):  # the proxy listens behind the emulated link
+                    listen = listen.removeprefix("emu+").partition("?")[0]
+                bound = await self._proxy.start(listen)
+                target = url if url and url.startswith("emu+") else bound
+            opened, info = await opener.open(target, **options)
+            return opened.url, opened, info
 
         try:
             self._url, self.session, self.info = self._run(open_())
@@ -179,6 +193,14 @@ class SyncDriver:
         """Queue an ASYNC call (returns at once; it is sent with the next batch)."""
         if self.closed:
             raise ConnectionClosed(f"the device {self.url} is closed")
+        if self.direct:  # run now: the trace sees the client's time between calls
+            if self.recording is not None:
+                self.recording.add(spec, stream, args, buffer)
+            if spec is _FREE:
+                self.session.defer_free(*args)
+            else:
+                self.session.submit(spec, stream, args, buffer)
+            return
         posted = self._posted
         first = not posted
         if first:

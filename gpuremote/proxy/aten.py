@@ -183,6 +183,11 @@ class AtenSession:
         self.timed = state.backend.profile is not None
         #: the last op's (FLOPs, bytes moved, dtype), where ``timed``
         self.work: tuple[float, float, Any] | None = None
+        #: a device that times ops without computing them (``sim:a100,compute=0``): ops run
+        #: on shapes alone (torch's meta tensors), what they make is left undefined
+        self.shapes_only = not getattr(state.backend, "compute", True)
+        #: there: (op, layouts, arguments) -> (its result, what it made, its work)
+        self._shapes_seen: dict[Any, tuple[Any, list[Any], Any]] = {}
         self.dtypes = {name: getattr(torch, name) for name in TENSOR_DTYPES}
         self.operand_memory: set[int] = set()
         self.layouts = {"strided": torch.strided}
@@ -281,21 +286,36 @@ class AtenSession:
         """Run op ``name``; returns it, its result and the tensors it returned that are not
         its operands (in order)."""
         allowed = resolve_op(name)
-        tensors = [self.tensor(d) for d in descs]
-        #: the memory of the operands: a tensor the op made there is not its own
-        self.operand_memory = {t.untyped_storage().data_ptr() for t in tensors}
+        if self.shapes_only:
+            # the same op on the same layouts and values: what it made, and its work, known
+            key = (name, tuple((d.sizes, d.strides, d.dtype) for d in descs), _frozen(encoded))
+            known = self._shapes_seen.get(key)
+            for d in descs:  # (bounds-checked all the same)
+                self.shape_of(d, meta=False)
+            if known is not None:
+                result, made, self.work = known
+                return allowed, result, made
+            tensors = [self.shape_of(d) for d in descs]
+            self.operand_memory = set()
+        else:
+            tensors = [self.tensor(d) for d in descs]
+            #: the memory of the operands: a tensor the op made there is not its own
+            self.operand_memory = {t.untyped_storage().data_ptr() for t in tensors}
         args = [self.decode(a, tensors) for a in encoded[0]]
         kwargs = {k: self.decode(v, tensors) for k, v in encoded[1].items()}
         op = allowed.op
         schema = op._schema
         for i, a in enumerate(schema.arguments):
             if str(a.type) == "Optional[Generator]":  # the session's, always
+                generator = None if self.shapes_only else self.generator
                 if i < len(args):
-                    args[i] = self.generator
+                    args[i] = generator
                 else:
-                    kwargs[a.name] = self.generator
+                    kwargs[a.name] = generator
         try:
-            if allowed.random_without_generator:
+            if self.shapes_only:
+                result = self._on_shapes(name, op, args, kwargs)
+            elif allowed.random_without_generator:
                 result = self._with_session_generator(op, args, kwargs)
             else:
                 result = op(*args, **kwargs)
@@ -304,7 +324,40 @@ class AtenSession:
         made = self.new_tensors(allowed, result)
         if self.timed:
             self.work = self._work(op, args, kwargs, result, tensors, made)
+        if self.shapes_only:
+            if len(self._shapes_seen) > 65536:
+                self._shapes_seen.clear()
+            self._shapes_seen[key] = (result, made, self.work)
         return allowed, result, made
+
+    def shape_of(self, desc: TensorDesc, meta: bool = True) -> Any:
+        """``tensor(desc)`` for a device that does not compute: a meta tensor of its layout
+        (bounds-checked all the same; without ``meta``, only checked)."""
+        s = self.state
+        if desc.handle not in s.buffers:
+            from ..errors import UnknownHandle
+
+            raise UnknownHandle(f"unknown buffer handle {desc.handle}")
+        if desc.extent > s.nbytes[desc.handle]:
+            raise CallFailed(f"tensor at offset {desc.offset} reaches past buffer {desc.handle}")
+        if not meta:
+            return None
+        torch = self.torch
+        return torch.empty_strided(
+            desc.sizes, desc.strides, dtype=self.dtypes[desc.dtype], device="meta"
+        )
+
+    def _on_shapes(self, name: str, op: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        """Run ``op`` on meta tensors; a value read back is a zero of its type (the device
+        computes nothing)."""
+        torch = self.torch
+        meta = torch.device("meta")
+        args = [meta if isinstance(a, torch.device) else a for a in args]
+        kwargs = {k: meta if isinstance(v, torch.device) else v for k, v in kwargs.items()}
+        if name.startswith("_local_scalar_dense"):
+            t = args[0]
+            return False if t.dtype == torch.bool else (0.0 if t.is_floating_point() else 0)
+        return op(*args, **kwargs)
 
     def _work(
         self,
@@ -365,6 +418,8 @@ class AtenSession:
 
     def fill_outputs(self, name: str, made: Sequence[Any], outputs: Sequence[TensorDesc]) -> None:
         """Copy what the op made into the client's output buffers (allocated already)."""
+        if self.shapes_only:
+            return
         if len(made) != len(outputs):
             raise CallFailed(f"{name} made {len(made)} tensors; the client expected {len(outputs)}")
         for r, d in zip(made, outputs, strict=True):
@@ -398,9 +453,11 @@ class AtenSession:
         """Each output's buffer: the tensor the op made, as it is, where it is laid out as
         the client's metadata says (its memory, no copy); else a new buffer it is copied to."""
         s = self.state
-        if len(made) != len(outputs):
+        if len(made) != len(outputs) or self.shapes_only:
             for d in outputs:
                 s.alloc(d.handle, d.extent)
+            if self.shapes_only:
+                return
             raise CallFailed(f"{name} made {len(made)} tensors; the client expected {len(outputs)}")
         copy: list[tuple[Any, TensorDesc]] = []
         for r, d in zip(made, outputs, strict=True):
@@ -433,6 +490,10 @@ class AtenSession:
         for h, r in zip(handles, made, strict=True):
             s.check_new(s.buffers, h, "buffer")
             nbytes = int(r.numel()) * r.element_size()
+            if self.shapes_only:  # (a meta tensor: its bytes are undefined)
+                s.alloc(h, nbytes)
+                metas.append([list(r.shape), str(r.dtype).removeprefix("torch.")])
+                continue
             if (
                 not r.is_contiguous()
                 or r.storage_offset()
@@ -545,6 +606,16 @@ def _returns(result: Any, n: int) -> tuple[Any, ...]:
     if n == 1:
         return (result,)
     return () if n == 0 else tuple(result)
+
+
+def _frozen(value: Any) -> Any:
+    """An op's encoded arguments as a key (lists as tuples, dicts as sorted pairs)."""
+    t = type(value)
+    if t is list or t is tuple:
+        return tuple([_frozen(v) for v in value])
+    if t is dict:
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    return value
 
 
 def _first_line(exc: BaseException) -> str:

@@ -25,7 +25,7 @@ from ..proxy.executor import Executor
 from ..session.contract import Counters, Recorder, Reply
 from ..wire.calls import BUFFER, CALLS_BY_NAME, Arg, CallSpec
 from ..wire.framing import byte_view
-from ..wire.protocol import DTYPES, ArrayDesc, Command, decode_step
+from ..wire.protocol import DTYPES, ArrayDesc, Command, TensorDesc, decode_step
 
 __all__ = ["DirectSession", "TraceEntry", "connect_direct", "trace_of"]
 
@@ -76,6 +76,8 @@ def _direct_args(spec: CallSpec, args: list[Any]) -> tuple[Any, ...]:
             out.append(tuple(a))
         elif kind is Arg.STEP:
             out.append(decode_step(a))
+        elif kind is Arg.TENSORS:
+            out.append(tuple(TensorDesc(h, o, tuple(z), tuple(st), d) for h, o, z, st, d in a))
         else:
             out.append(a)
     return tuple(out)

@@ -1,0 +1,280 @@
+"""``gpuremote bench requirements --workloads resnet18,bert,gpt2``: the paper's PyTorch
+programs on the paper's grid (``--transport emu+inproc --backend sim:a100``).
+
+Each workload (``gpuremote.torch.models``: ResNet-18, a BERT-style encoder, a GPT-2-style
+decoder; AdamW, clipped gradients, a read of the loss each step) runs in each mode:
+``optimized`` (eager: every ATen op an ASYNC call in the session's batches), ``compiled`` (the
+model and the update after the backward pass under ``torch.compile(backend="gpuremote")``:
+each graph replayed by one message) and ``unoptimized`` (every call waits). The program is set up:
+
+- **locally**: ``gpuremote.torch.connect_direct`` on the device (no proxy, no protocol, no
+  wire): as written (eager), the baseline of every mode; and each mode's trace of calls,
+  which the model replays (a compiled program's, of its replays);
+- per mode, **behind one emulated link** (``emu+inproc``; a proxy in this process, batches
+  run inline):
+  its round trip and bandwidth change from point to point (``EmulatedConnection.set_link``),
+  so that the model and the optimizer are set up (and compiled) once.
+
+The device is the simulated GPU timing only (``sim:a100,compute=0``: each op takes its
+roofline time on a virtual clock, nothing is computed), so the paper's sizes run on any
+machine. The client sends what it queued when it next waits (as across two machines, and as
+the async workloads' sweep does): its helper does not nudge. Per point, its turns alternate a
+local run, a run over the bare link (no RTT, no limit: the software's own costs) and the
+point's run, and the model is given the point's measured costs, as for the async workloads
+(``gpuremote.bench.requirements``, whose functions judge the points).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from gpuremote.tools.model import local_seconds as local_seconds_of
+
+from .points import (
+    Mode,
+    _median_run,
+    _min_requirement,
+    _mode_points,
+    _Point,
+    _Progress,
+    _remote_calls,
+    _requirements,
+    _Run,
+    _run_queue_s,
+)
+from .torch_ops import _step, _updater
+
+__all__ = ["TORCH_MODES", "TORCH_WORKLOADS", "torch_modes", "torch_workload"]
+
+#: the PyTorch workloads (``gpuremote.torch.models``)
+TORCH_WORKLOADS = ("resnet18", "bert", "gpt2")
+_EAGER = {"async_calls": True, "batching": True, "shadow": True}
+#: the modes of the PyTorch workloads
+TORCH_MODES: dict[str, Mode] = {
+    "unoptimized": Mode(
+        "unoptimized", {"async_calls": False, "batching": False, "shadow": False}, False
+    ),
+    "optimized": Mode("optimized", _EAGER, True),
+    "compiled": Mode("compiled", _EAGER, True, run=(("compile", True),)),
+}
+#: the sweep's mode names -> the PyTorch workloads' (a captured step is a compiled graph)
+_AS = {"unoptimized": "unoptimized", "optimized": "optimized", "replay": "compiled"}
+#: training steps per run, by size
+STEPS = {"small": 3, "real": 2}
+
+
+def torch_modes(names: list[str]) -> list[Mode]:
+    """The PyTorch workloads' modes for the sweep's ``--modes``."""
+    out = []
+    for n in names:
+        m = TORCH_MODES[_AS.get(n, n)]
+        if m not in out:
+            out.append(m)
+    return out
+
+
+@contextlib.contextmanager
+def _on(driver: Any) -> Iterator[None]:
+    """The ``gpuremote`` device served by ``driver`` meanwhile."""
+    from gpuremote.torch._backend import dispatcher
+
+    before = dispatcher.drivers.get(0)
+    dispatcher.drivers[0] = driver
+    try:
+        yield
+    finally:
+        if before is not None:
+            dispatcher.drivers[0] = before
+
+
+class _Program:
+    """One workload in one mode on one session, set up once (the model uploaded, compiled,
+    warmed up: its recordings made), then run ``steps`` at a time."""
+
+    def __init__(self, w: Any, cpu_model: Any, compiled: bool, driver: Any) -> None:
+        import torch
+
+        self.w, self.driver = w, driver
+        with _on(driver):
+            model = copy.deepcopy(cpu_model).to("gpuremote")
+            self.opt = torch.optim.AdamW(
+                model.parameters(), lr=1e-4, weight_decay=0.01, capturable=compiled
+            )
+            update = _updater(model, self.opt)
+            self.model = torch.compile(model, backend="gpuremote") if compiled else model
+            self.update = torch.compile(update, backend="gpuremote") if compiled else update
+            x, y = w.batch(torch.Generator().manual_seed(1))
+            self.x, self.y = x.to("gpuremote"), y.to("gpuremote")
+            for _ in range(2):  # the metadata caches, the recordings
+                self.step()
+
+    def step(self) -> None:
+        _step(self.w, self.model, self.opt, self.x, self.y, self.update)
+
+    def run(self, steps: int, snapshot: Callable[[], tuple[float, ...]]) -> _Run:
+        with _on(self.driver):
+            start = snapshot()
+            for _ in range(steps):
+                self.step()
+            end = snapshot()
+        return _Run(*(e - s for e, s in zip(end, start, strict=True)))
+
+
+def _local_snapshot() -> tuple[float, ...]:
+    return (time.perf_counter(), 0.0, 0.0, 0.0, 0.0, _run_queue_s())
+
+
+class _Link:
+    """A session over an emulated link to a proxy of its own in this process (the same
+    device), instrumented as the async sweep's links are."""
+
+    def __init__(self, backend: str, mode: Mode) -> None:
+        from gpuremote.transports.inproc import listener
+
+        from gpuremote.core.driver import SyncDriver
+
+        self.name = f"torch-requirements-{os.getpid()}-{time.monotonic_ns()}"
+        self.driver = SyncDriver(
+            f"emu+inproc://{self.name}?copy=0",
+            serve=backend,
+            proxy_options={"inline_us": math.inf, "contention_s": 0.0},
+            nudge_us=1e12,  # sent when the client next waits
+            **mode.connect,
+        )
+        self.conn = self.driver.session.conn  # type: ignore[attr-defined]
+        lst = listener(self.name)
+        assert lst is not None and lst.accepted, "no inproc connection to measure"
+        self.proxy_end = lst.accepted[-1]
+        self.backend = self.driver._proxy.backend
+        self.awaited = 0.0
+        call = self.driver.call
+
+        def timed_call(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                self.awaited += time.perf_counter() - t0
+
+        self.driver.call = timed_call  # type: ignore[method-assign]
+
+    def set(self, rtt_us: float, bw_gbit: float | None) -> None:
+        self.conn.set_link(rtt_us * 1e-6, None if bw_gbit is None else bw_gbit * 1e9)
+
+    def snapshot(self) -> tuple[float, ...]:
+        return (
+            time.perf_counter(),
+            self.awaited,
+            self.proxy_end.busy_s,
+            self.backend.timing()[1],
+            self.conn.late_own_s,
+            _run_queue_s(),
+        )
+
+    def close(self) -> None:
+        self.driver.close()
+
+
+def torch_workload(
+    cfg: Any, backend: str, modes: list[Mode], wname: str, progress: _Progress
+) -> dict[str, Any]:
+    """One PyTorch workload over the grid in every mode (see the module docstring), as the
+    async sweep reports a workload."""
+    import torch
+
+    import gpuremote.torch as gt
+    from gpuremote.torch.models import workload
+
+    size = "small" if cfg.quick else "real"
+    w = workload(wname, size)
+    steps = STEPS[size]
+    torch.manual_seed(0)
+    cpu_model = w.make()
+    traces: dict[str, list[Any]] = {}
+    measured: dict[str, list[_Point]] = {}
+    local_runs: list[_Run] = []
+    torch._dynamo.reset()
+    with gt.connect_direct(backend) as here:
+        direct = here.drivers[0]
+        session: Any = direct.session  # a DirectSession: its trace
+        # the baseline of every mode: the program as written (eager), run locally
+        baseline = _Program(w, cpu_model, False, direct)
+        for mode in modes:  # each mode's calls, as the local run makes them
+            if dict(mode.run).get("compile", False):
+                traces[mode.name] = _median_trace(
+                    _Program(w, cpu_model, True, direct), session, steps, cfg.repeats
+                )
+            else:
+                traces[mode.name] = _median_trace(baseline, session, steps, cfg.repeats)
+        session.trace = None  # the baseline's runs: not recorded
+        for mode in modes:
+            link = _Link(backend, mode)
+            try:
+                remote = _Program(w, cpu_model, dict(mode.run).get("compile", False), link.driver)
+                measured[mode.name] = []
+                for rtt in cfg.rtts_us:
+                    for bw in cfg.bws_gbit:
+                        runs, bare, local_turns = [], [], []
+                        for _ in range(cfg.repeats):  # local, bare, point; again
+                            local_turns.append(baseline.run(steps, _local_snapshot))
+                            link.set(0.0, None)
+                            bare.append(remote.run(steps, link.snapshot))
+                            link.set(rtt, bw)
+                            runs.append(remote.run(steps, link.snapshot))
+                        measured[mode.name].append(_Point(rtt, bw, runs, bare, local_turns))
+                        local_runs += local_turns
+                        progress.point_done(wname, mode=mode.name)
+            finally:
+                link.close()
+    torch._dynamo.reset()
+    local_s = _median_run(local_runs).wall
+    points: list[dict[str, Any]] = []
+    costs: dict[str, dict[str, Any]] = {}
+    for mode in modes:
+        mode_points, costs[mode.name] = _mode_points(
+            cfg, mode, traces[mode.name], measured[mode.name], local_s
+        )
+        points += mode_points
+    trace = traces.get("optimized", traces[modes[-1].name])
+    _, trips, _, _ = _remote_calls(trace, True)
+    return {
+        "name": wname,
+        "framework": "torch",
+        "model": w.describe,
+        "sizes": {"size": size, "steps": steps},
+        "local_s": local_s,
+        "local_runs_s": [r.wall for r in local_runs],
+        "local_model_s": local_seconds_of(trace),
+        "device_s": sum(t.kernel_s for t in trace),
+        "calls": len(trace),
+        "calls_per_step": {m.name: len(traces[m.name]) / steps for m in modes},
+        "costs": costs,
+        "points": points,
+        "min_requirement": {m.name: _min_requirement(points, m.name, cfg.tolerance) for m in modes},
+        "min_requirement_model": _requirements(points, modes, cfg.tolerance, "predicted_slowdown"),
+        "min_requirement_network_only": _requirements(
+            points, modes, cfg.tolerance, "network_only_slowdown"
+        ),
+        "sync_round_trips_per_step": {
+            "optimized": trips / steps,
+            "unoptimized": _remote_calls(trace, False)[1] / steps,
+        },
+    }
+
+
+def _median_trace(program: _Program, session: Any, steps: int, repeats: int) -> list[Any]:
+    """The calls of the median run of ``repeats`` recorded local runs of ``steps`` steps."""
+    runs: list[tuple[_Run, list[Any]]] = []
+    for _ in range(max(1, repeats)):
+        mark = len(session.trace)
+        run = program.run(steps, _local_snapshot)
+        runs.append((run, list(session.trace[mark:])))
+    del session.trace[:]
+    order = sorted(runs, key=lambda r: r[0].wall)
+    return order[len(order) // 2][1]

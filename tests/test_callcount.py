@@ -1,0 +1,59 @@
+"""The hot path cannot silently grow back: Python calls per op (``gpuremote.bench.calls``, a
+count, not a time: the same on any machine) stay under ceilings set from the measured figures
+with ~12% of headroom. Lower a ceiling when the path gets cheaper (issue #41's targets: an xp
+synchronous op <= 150 calls, the async API's ``await (a + a).get()`` <= 100)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+import gpuremote
+import gpuremote.xp as gx
+from gpuremote.bench.calls import count_calls, count_calls_async
+from gpuremote.proxy import Proxy
+
+#: measured 2026-12-05 (client and proxy in one process over inproc://, NumPy): 640 and 419
+XP_SYNC_OP_CEILING = 720
+ASYNC_SYNC_OP_CEILING = 470
+
+
+def test_an_xp_synchronous_op_makes_at_most_so_many_python_calls() -> None:
+    device = gx.connect_local("numpy")
+    try:
+        x = gx.asarray(np.arange(16, dtype=np.float32), device=device)
+
+        def op() -> None:
+            float(gx.sum(x + 1.0))
+
+        for _ in range(50):  # caches warm
+            op()
+        counted = count_calls(op, 100)
+    finally:
+        device.close()
+    assert counted["python_calls_per_op"] <= XP_SYNC_OP_CEILING, counted
+    assert counted["proxy_python_calls_per_op"] > 0  # the proxy's share is counted too
+
+
+def test_an_async_synchronous_op_makes_at_most_so_many_python_calls() -> None:
+    async def main() -> dict[str, float]:
+        proxy = Proxy("numpy")
+        url = await proxy.start("inproc://callcount")
+        try:
+            async with gpuremote.connect(url) as gpu:
+                a = gpu.asarray(np.ones(16, np.float32))
+
+                async def op() -> None:
+                    await (a + a).get()
+
+                for _ in range(50):
+                    await op()
+                return await count_calls_async(op, 100)
+        finally:
+            await proxy.close()
+
+    # asyncio's own loop (uvloop's C loop would count fewer calls)
+    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
+        counted = runner.run(main())
+    assert counted["python_calls_per_op"] <= ASYNC_SYNC_OP_CEILING, counted
