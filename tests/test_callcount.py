@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+from gpuremote.bench.calls import count_calls, count_calls_async
 
 import gpuremote
 import gpuremote.xp as gx
-from gpuremote.bench.calls import count_calls, count_calls_async
 from gpuremote.proxy import Proxy
 
 #: measured 2026-12-05 (client and proxy in one process over inproc://, NumPy): 640 and 419

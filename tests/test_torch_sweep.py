@@ -11,8 +11,9 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="gpuremote.torch needs the [torch] extra")
 
-import gpuremote.torch as gt  # noqa: E402
 from gpuremote.bench.requirements import RequirementsConfig, run_requirements  # noqa: E402
+
+import gpuremote.torch as gt  # noqa: E402
 from gpuremote.torch.models import train, workload  # noqa: E402
 
 
