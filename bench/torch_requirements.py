@@ -21,13 +21,17 @@ machine. The client sends what it queued when it next waits (as across two machi
 the async workloads' sweep does): its helper does not nudge. Per point, its turns alternate a
 local run, a run over the bare link (no RTT, no limit: the software's own costs) and the
 point's run, and the model is given the point's measured costs, as for the async workloads
-(``gpuremote.bench.requirements``, whose functions judge the points).
+(``gpuremote.bench.requirements``, whose functions judge the points). What was set up (two
+copies of a model of up to 124 M parameters, the compiled graphs) is frozen out of the
+garbage collector's way (``gc.freeze``): full collections over that heap took 0.3-0.6 s of a
+run at random before, and made eager runs swing by 2x.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import math
 import os
 import time
@@ -205,6 +209,7 @@ def torch_workload(
         session: Any = direct.session  # a DirectSession: its trace
         # the baseline of every mode: the program as written (eager), run locally
         baseline = _Program(w, cpu_model, False, direct)
+        _settled()
         for mode in modes:  # each mode's calls, as the local run makes them
             if dict(mode.run).get("compile", False):
                 traces[mode.name] = _median_trace(
@@ -217,6 +222,7 @@ def torch_workload(
             link = _Link(backend, mode)
             try:
                 remote = _Program(w, cpu_model, dict(mode.run).get("compile", False), link.driver)
+                _settled()
                 measured[mode.name] = []
                 for rtt in cfg.rtts_us:
                     for bw in cfg.bws_gbit:
@@ -232,6 +238,7 @@ def torch_workload(
                         progress.point_done(wname, mode=mode.name)
             finally:
                 link.close()
+    gc.unfreeze()
     torch._dynamo.reset()
     local_s = _median_run(local_runs).wall
     points: list[dict[str, Any]] = []
@@ -266,6 +273,14 @@ def torch_workload(
             "unoptimized": _remote_calls(trace, False)[1] / steps,
         },
     }
+
+
+def _settled() -> None:
+    """What was set up (the models, their copies, the compiled graphs: a large heap) out of
+    the garbage collector's way: a full collection over it took 0.3-0.6 s of a run here, at
+    random, which is neither the software's cost nor the link's."""
+    gc.collect()
+    gc.freeze()
 
 
 def _median_trace(program: _Program, session: Any, steps: int, repeats: int) -> list[Any]:
