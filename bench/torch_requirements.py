@@ -7,7 +7,7 @@ decoder; AdamW, clipped gradients, a read of the loss each step) runs in each mo
 model and the update after the backward pass under ``torch.compile(backend="gpuremote")``:
 each graph replayed by one message) and ``unoptimized`` (every call waits). The program is set up:
 
-- **locally**: ``gpuremote.torch.connect_direct`` on the device (no proxy, no protocol, no
+- **locally**: ``gpuremote.tools.direct.connect_torch`` on the device (no proxy, no protocol, no
   wire): as written (eager), the baseline of every mode; and each mode's trace of calls,
   which the model replays (a compiled program's, of its replays);
 - per mode, **behind one emulated link** (``emu+inproc``; a proxy in this process, batches
@@ -192,7 +192,7 @@ def torch_workload(
     async sweep reports a workload."""
     import torch
 
-    import gpuremote.torch as gt
+    from gpuremote.tools.direct import connect_torch
     from gpuremote.torch.models import workload
 
     size = "small" if cfg.quick else "real"
@@ -204,7 +204,7 @@ def torch_workload(
     measured: dict[str, list[_Point]] = {}
     local_runs: list[_Run] = []
     torch._dynamo.reset()
-    with gt.connect_direct(backend) as here:
+    with connect_torch(backend) as here:
         direct = here.drivers[0]
         session: Any = direct.session  # a DirectSession: its trace
         # the baseline of every mode: the program as written (eager), run locally

@@ -1,4 +1,4 @@
-"""The paper's PyTorch programs on the paper's grid: the local baseline (``connect_direct``),
+"""The paper's PyTorch programs on the paper's grid: the local baseline (``connect_torch``),
 a device that times ops without computing them (real sizes anywhere), and ``bench
 requirements`` over ``emu+inproc`` for ResNet-18, BERT and GPT-2, eager and compiled."""
 
@@ -13,14 +13,14 @@ torch = pytest.importorskip("torch", reason="gpuremote.torch needs the [torch] e
 
 from gpuremote.bench.requirements import RequirementsConfig, run_requirements  # noqa: E402
 
-import gpuremote.torch as gt  # noqa: E402
+from gpuremote.tools.direct import connect_torch  # noqa: E402
 from gpuremote.torch.models import train, workload  # noqa: E402
 
 
 def test_the_local_baseline_runs_the_ops_at_once_and_traces_them() -> None:
     w = workload("gpt2", "small")
     expected = train(w, "cpu", 2)
-    with gt.connect_direct("numpy") as conn:
+    with connect_torch("numpy") as conn:
         got = train(w, "gpuremote", 2)
         trace = conn.drivers[0].session.trace
     assert got[0] == expected[0]
@@ -34,7 +34,7 @@ def test_a_timing_only_device_runs_pytorch_and_times_it(compile: str | None) -> 
     device's clock; what is read back is zeros."""
     torch._dynamo.reset()
     w = workload("resnet18", "small")
-    with gt.connect_direct("sim:a100,compute=0") as conn:
+    with connect_torch("sim:a100,compute=0") as conn:
         losses, _ = train(w, "gpuremote", 2, compile=compile)
         trace = conn.drivers[0].session.trace
     torch._dynamo.reset()

@@ -27,7 +27,7 @@ from ..wire.calls import BUFFER, CALLS_BY_NAME, Arg, CallSpec
 from ..wire.framing import byte_view
 from ..wire.protocol import DTYPES, ArrayDesc, Command, TensorDesc, decode_step
 
-__all__ = ["DirectSession", "TraceEntry", "connect_direct", "trace_of"]
+__all__ = ["DirectSession", "TraceEntry", "connect_direct", "connect_torch", "trace_of"]
 
 _FREE = CALLS_BY_NAME["free"]
 
@@ -241,6 +241,17 @@ def connect_direct(backend: str | Backend = "numpy", *, record: bool = True) -> 
     info: dict[str, Any] = dict(be.device_info())
     info.update(protocol=0, session=0, local=True)
     return GPU(session, "local://", info)
+
+
+def connect_torch(backend: str | Backend = "numpy", *, record: bool = True) -> Any:
+    """The ``gpuremote`` PyTorch device (``gpuremote.torch``) served by a session that runs
+    every op at once in this process on ``backend``: the local baseline of a PyTorch program;
+    with ``record``, its trace is ``conn.drivers[0].session.trace``. Returns the
+    ``gpuremote.torch.Connection`` (a context manager)."""
+    import gpuremote.torch as gt
+
+    be = get_backend(backend) if isinstance(backend, str) else backend
+    return gt.connect(session=DirectSession(be, record=record))
 
 
 def trace_of(gpu: GPU) -> list[TraceEntry]:

@@ -34,7 +34,7 @@ except ImportError as _exc:  # pragma: no cover - the extra is missing
 from ..core.driver import SyncDriver
 from ._backend import DEVICE, dispatcher, register
 
-__all__ = ["DEVICE", "Connection", "connect", "connect_direct", "connect_local", "stats"]
+__all__ = ["DEVICE", "Connection", "connect", "connect_local", "stats"]
 
 # the device exists from the import on: PyTorch's autograd engine sizes its device threads at
 # its first backward pass, which must come after this (import gpuremote.torch early)
@@ -135,19 +135,6 @@ def connect_local(backend: str = "numpy", url: str | None = None) -> Connection:
     path, for tests and for trying code without a proxy machine."""
     register()
     return _install([_open(url, backend, {})])
-
-
-def connect_direct(backend: str = "numpy", *, record: bool = True) -> Connection:
-    """Run the device's ops at once in this process on ``backend``, with no proxy, protocol
-    or transport (``gpuremote.tools.direct``): the local baseline that remote runs are
-    compared with; with ``record``, the calls' trace for the overhead model is
-    ``conn.drivers[0].session.trace``."""
-    from ..backends import get_backend
-    from ..tools.direct import DirectSession
-
-    register()
-    session = DirectSession(get_backend(backend), record=record)
-    return _install([_open(None, None, {"session": session})])
 
 
 def stats(index: int = 0) -> dict[str, Any]:
