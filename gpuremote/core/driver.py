@@ -11,7 +11,7 @@ of their own (asyncio code, Jupyter), which cannot run a second one. Between two
 calls, each frame the helper sends makes it wait four times longer before the next (up to
 ``MAX_NUDGE_S``): the first work of a step reaches the proxy at once, and a long stretch of
 posting goes in a few frames, not one per ``nudge_us``, while the proxy has the earlier ones
-to work on.
+to work on; ``BATCH_POSTS`` posts waiting go at once.
 """
 
 from __future__ import annotations
@@ -38,6 +38,11 @@ _FREE = CALLS_BY_NAME["free"]
 _IDLE_S = 0.05  # how long the helper polls after the last post before it sleeps
 #: the longest the helper lets a post wait for a waiting call to take it (see the docstring)
 MAX_NUDGE_S = 0.008
+#: posts that the helper sends at once, whatever the delay: a stream of small calls (eager
+#: PyTorch) goes in batches of this many and is not held back for long (what waits to be
+#: sent lives through the garbage collector's young generations into the old one, whose
+#: full collections over a large heap, torch's, cost ~0.1 s each)
+BATCH_POSTS = 64
 
 
 class SyncDriver:
@@ -170,7 +175,8 @@ class SyncDriver:
                 if self.closed or not posted:
                     break
                 age = time.perf_counter() - self._first_post
-                if self.holding or age < self._delay_s:
+                full = len(posted) >= BATCH_POSTS
+                if self.holding or (age < self._delay_s and not full):
                     # until the oldest post is due (a job, or a post after a waiting call
                     # took the queue, wakes it sooner)
                     wait = self._nudge_s if self.holding else self._delay_s - age
@@ -180,7 +186,8 @@ class SyncDriver:
                 with self._owner:
                     if not self._loop.is_closed():
                         self._drive(self._send_posted())
-                self._delay_s = min(self._delay_s * 4, max(MAX_NUDGE_S, self._nudge_s))
+                if not full:  # (a stream of many small posts goes on at the first nudge)
+                    self._delay_s = min(self._delay_s * 4, max(MAX_NUDGE_S, self._nudge_s))
 
     async def _send_posted(self) -> None:
         self._drain()
@@ -208,8 +215,10 @@ class SyncDriver:
         if self.recording is not None:
             self.recording.add(spec, stream, args, buffer)
         posted.append((spec, stream, args, buffer))
-        if first or len(posted) == 1:  # (1: another thread took the queue meanwhile) the
-            self._wake.set()  # helper sends it after the delay if no waiting call takes it
+        n = len(posted)
+        if first or n == 1 or n == BATCH_POSTS:  # (1: another thread took the queue
+            self._wake.set()  # meanwhile) the helper sends it after the delay if no waiting
+            # call takes it first, and a full batch at once
 
     def _drain(self) -> None:
         """On the loop: hand everything posted to the session, in order."""
