@@ -148,7 +148,8 @@ class _Link:
             f"emu+inproc://{self.name}?copy=0",
             serve=backend,
             proxy_options={"inline_us": math.inf, "contention_s": 0.0},
-            nudge_us=1e12,  # sent when the client next waits
+            nudge_us=1e12,  # sent when the client next waits, however many
+            batch_posts=0,
             **mode.connect,
         )
         self.conn = self.driver.session.conn  # type: ignore[attr-defined]

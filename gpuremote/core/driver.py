@@ -50,8 +50,10 @@ class SyncDriver:
     ``post`` queues an ASYNC call, ``call`` makes a SYNC one; ``serve``: serve a proxy of
     that backend in this process first (``proxy_options``: the ``Proxy``'s settings; with a
     ``url`` of ``emu+inproc://NAME?...``, behind that emulated link); ``session``: a session
-    made already (``gpuremote.tools.direct``'s: each call runs where it is made). Front ends
-    (``gpuremote.xp``, ``gpuremote.torch``) build on it."""
+    made already (``gpuremote.tools.direct``'s: each call runs where it is made);
+    ``nudge_us``, ``batch_posts``: when the helper sends what is posted (the module
+    docstring; ``batch_posts=0``: only after the delay). Front ends (``gpuremote.xp``,
+    ``gpuremote.torch``) build on it."""
 
     def __init__(
         self,
@@ -59,6 +61,7 @@ class SyncDriver:
         *,
         serve: str | None = None,
         nudge_us: float = 200.0,
+        batch_posts: int = BATCH_POSTS,
         session: Session | None = None,
         proxy_options: dict[str, Any] | None = None,
         **options: Any,
@@ -72,6 +75,7 @@ class SyncDriver:
         self._jobs: deque[tuple[Coroutine[Any, Any, Any], concurrent.futures.Future[Any]]] = deque()
         self._wake = threading.Event()  # something is posted, or a job waits
         self._nudge_s = nudge_us / 1e6
+        self._batch_posts = batch_posts or 1 << 62  # 0: no batch goes before its delay
         #: how old the oldest post must be before the helper sends it (grows with each frame
         #: the helper sends; a waiting call sets it back to ``_nudge_s``)
         self._delay_s = self._nudge_s
@@ -175,7 +179,7 @@ class SyncDriver:
                 if self.closed or not posted:
                     break
                 age = time.perf_counter() - self._first_post
-                full = len(posted) >= BATCH_POSTS
+                full = len(posted) >= self._batch_posts
                 if self.holding or (age < self._delay_s and not full):
                     # until the oldest post is due (a job, or a post after a waiting call
                     # took the queue, wakes it sooner)
@@ -216,7 +220,7 @@ class SyncDriver:
             self.recording.add(spec, stream, args, buffer)
         posted.append((spec, stream, args, buffer))
         n = len(posted)
-        if first or n == 1 or n == BATCH_POSTS:  # (1: another thread took the queue
+        if first or n == 1 or n == self._batch_posts:  # (1: another thread took the queue
             self._wake.set()  # meanwhile) the helper sends it after the delay if no waiting
             # call takes it first, and a full batch at once
 
