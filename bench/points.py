@@ -16,7 +16,7 @@ import numpy as np
 from gpuremote.tools.model import Costs, predict
 from gpuremote.tools.model import local_seconds as local_seconds_of
 
-__all__ = ["Mode"]
+__all__ = ["Mode", "judge_workload"]
 
 
 @dataclass(frozen=True)
@@ -280,4 +280,54 @@ def _emulated_point(
         "runs_s": [x.wall for x in runs],
         "bare_runs_s": [x.wall for x in bare],
         "per_trip_us": per_trip * 1e6,
+    }
+
+
+def judge_workload(
+    cfg: Any,
+    modes: list[Mode],
+    traces: dict[str, list[Any]],
+    measured: dict[str, list[_Point]],
+    local_runs: list[_Run],
+    steps: int,
+    plain: list[Any] | None = None,
+) -> dict[str, Any]:
+    """A workload's figures in a sweep's result: its points in every mode beside the
+    model's predictions (each mode's trace, ``traces``), the costs the model was given, and
+    what the grid shows it needs (measured, by the model, and the network's share);
+    ``plain``: the trace of the workload as written, for its figures where no mode ran."""
+    local_s = _median_run(local_runs).wall
+    points: list[dict[str, Any]] = []
+    costs: dict[str, dict[str, Any]] = {}
+    for mode in modes:
+        mode_points, costs[mode.name] = _mode_points(
+            cfg, mode, traces[mode.name], measured[mode.name], local_s
+        )
+        points += mode_points
+    # the optimized mode's trace; without that mode, the last mode's (without modes, the
+    # workload's as written)
+    trace = traces.get("optimized", traces[modes[-1].name] if modes else (plain or []))
+    _, trips, _, _ = _remote_calls(trace, True)
+    tol = cfg.tolerance
+    return {
+        "local_s": local_s,
+        "local_runs_s": [r.wall for r in local_runs],
+        "local_model_s": local_seconds_of(trace),
+        "device_s": sum(t.kernel_s for t in trace),
+        "calls": len(trace),
+        # calls the device is sent per step, by mode (a replayed step: one)
+        "calls_per_step": {m.name: len(traces[m.name]) / steps for m in modes},
+        "costs": costs,
+        "points": points,
+        "min_requirement": {m.name: _min_requirement(points, m.name, tol) for m in modes},
+        # the model's answer with the software's costs as measured at each point
+        # (steadier than the measured one where other jobs disturb runs)
+        "min_requirement_model": _requirements(points, modes, tol, "predicted_slowdown"),
+        # the model's answer were the client's and proxy's software free: the
+        # network's share of the requirement (the local run's gaps and host time)
+        "min_requirement_network_only": _requirements(points, modes, tol, "network_only_slowdown"),
+        "sync_round_trips_per_step": {
+            "optimized": trips / steps,
+            "unoptimized": _remote_calls(trace, False)[1] / steps,
+        },
     }

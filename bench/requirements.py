@@ -43,14 +43,11 @@ from gpuremote.tools.workloads import WORKLOADS
 from .points import (
     Mode,
     _median_run,
-    _min_requirement,
-    _mode_points,
     _Point,
     _Progress,
-    _remote_calls,
-    _requirements,
     _Run,
     _run_queue_s,
+    judge_workload,
 )
 from .target import TargetOptions, open_target
 
@@ -568,45 +565,9 @@ async def _emulated_workload(sweep: _Sweep, wname: str, wsizes: dict[str, Any]) 
             mode.workload(fn), wsizes, sweep.backend, cfg.repeats
         )
     measured, local_runs = await _measure_grid(sweep, wname, fn, wsizes)
-    local_s = _median_run(local_runs).wall
-    points: list[dict[str, Any]] = []
-    costs_by_mode: dict[str, dict[str, Any]] = {}
-    for mode in modes:
-        mode_points, costs_by_mode[mode.name] = _mode_points(
-            cfg, mode, mode_traces[mode.name], measured[mode.name], local_s
-        )
-        points += mode_points
     steps = int(wsizes["steps"])
-    # the optimized mode's trace; without that mode, the last mode's (without modes, the
-    # recorded one)
-    trace = mode_traces.get("optimized", mode_traces[modes[-1].name] if modes else trace)
-    _, trips, _, _ = _remote_calls(trace, True)
-    return {
-        "name": wname,
-        "sizes": wsizes,
-        "local_s": local_s,
-        "local_runs_s": [r.wall for r in local_runs],
-        "local_model_s": local_model_s,
-        "device_s": sum(t.kernel_s for t in trace),
-        "calls": len(trace),
-        # calls the device is sent per step, by mode (a replayed step: one)
-        "calls_per_step": {m.name: len(mode_traces[m.name]) / steps for m in modes},
-        "costs": costs_by_mode,
-        "points": points,
-        "min_requirement": {m.name: _min_requirement(points, m.name, cfg.tolerance) for m in modes},
-        # the model's answer with the software's costs as measured at each point
-        # (steadier than the measured one where other jobs disturb runs)
-        "min_requirement_model": _requirements(points, modes, cfg.tolerance, "predicted_slowdown"),
-        # the model's answer were the client's and proxy's software free: the
-        # network's share of the requirement (the local run's gaps and host time)
-        "min_requirement_network_only": _requirements(
-            points, modes, cfg.tolerance, "network_only_slowdown"
-        ),
-        "sync_round_trips_per_step": {
-            "optimized": trips / steps,
-            "unoptimized": _remote_calls(trace, False)[1] / steps,
-        },
-    }
+    judged = judge_workload(cfg, modes, mode_traces, measured, local_runs, steps, trace)
+    return {"name": wname, "sizes": wsizes, **judged, "local_model_s": local_model_s}
 
 
 async def _median_trace(

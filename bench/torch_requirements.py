@@ -38,19 +38,13 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from gpuremote.tools.model import local_seconds as local_seconds_of
-
 from .points import (
     Mode,
-    _median_run,
-    _min_requirement,
-    _mode_points,
     _Point,
     _Progress,
-    _remote_calls,
-    _requirements,
     _Run,
     _run_queue_s,
+    judge_workload,
 )
 from .torch_ops import _step, _updater
 
@@ -241,38 +235,13 @@ def torch_workload(
                 link.close()
     gc.unfreeze()
     torch._dynamo.reset()
-    local_s = _median_run(local_runs).wall
-    points: list[dict[str, Any]] = []
-    costs: dict[str, dict[str, Any]] = {}
-    for mode in modes:
-        mode_points, costs[mode.name] = _mode_points(
-            cfg, mode, traces[mode.name], measured[mode.name], local_s
-        )
-        points += mode_points
-    trace = traces.get("optimized", traces[modes[-1].name])
-    _, trips, _, _ = _remote_calls(trace, True)
+    judged = judge_workload(cfg, modes, traces, measured, local_runs, steps)
     return {
         "name": wname,
         "framework": "torch",
         "model": w.describe,
         "sizes": {"size": size, "steps": steps},
-        "local_s": local_s,
-        "local_runs_s": [r.wall for r in local_runs],
-        "local_model_s": local_seconds_of(trace),
-        "device_s": sum(t.kernel_s for t in trace),
-        "calls": len(trace),
-        "calls_per_step": {m.name: len(traces[m.name]) / steps for m in modes},
-        "costs": costs,
-        "points": points,
-        "min_requirement": {m.name: _min_requirement(points, m.name, cfg.tolerance) for m in modes},
-        "min_requirement_model": _requirements(points, modes, cfg.tolerance, "predicted_slowdown"),
-        "min_requirement_network_only": _requirements(
-            points, modes, cfg.tolerance, "network_only_slowdown"
-        ),
-        "sync_round_trips_per_step": {
-            "optimized": trips / steps,
-            "unoptimized": _remote_calls(trace, False)[1] / steps,
-        },
+        **judged,
     }
 
 
