@@ -211,24 +211,26 @@ def _names(a: Any, how: int, handles: set[int]) -> bool:
     return any(k[0] == "a" and k[1].handle in handles for k in a)
 
 
-def _desc(d: ArrayDesc, binds: Binds) -> ArrayDesc:
-    b = binds.get(d.handle)
+def _moved(handle: int, offset: int, binds: Binds) -> tuple[int, int] | None:
+    """Where a recorded view at ``offset`` into buffer ``handle`` lies in this replay (None:
+    where it was recorded)."""
+    b = binds.get(handle)
     if b is None:
-        return d
-    offset = d.offset + b[1]
+        return None
+    offset += b[1]
     if offset < 0:
         raise StepError("an argument's offset would move the step's views before its buffer")
-    return ArrayDesc(b[0], offset, d.shape, d.dtype)
+    return b[0], offset
+
+
+def _desc(d: ArrayDesc, binds: Binds) -> ArrayDesc:
+    m = _moved(d.handle, d.offset, binds)
+    return d if m is None else ArrayDesc(m[0], m[1], d.shape, d.dtype)
 
 
 def _tensor(t: TensorDesc, binds: Binds) -> TensorDesc:
-    b = binds.get(t.handle)
-    if b is None:
-        return t
-    offset = t.offset + b[1]
-    if offset < 0:
-        raise StepError("an argument's offset would move the step's views before its buffer")
-    return TensorDesc(b[0], offset, t.sizes, t.strides, t.dtype)
+    m = _moved(t.handle, t.offset, binds)
+    return t if m is None else TensorDesc(m[0], m[1], t.sizes, t.strides, t.dtype)
 
 
 def _runs_aten(spec: CallSpec) -> bool:
