@@ -162,9 +162,11 @@ class _Pump:
             self._fresh[i] = 0
         while True:
             now = time.perf_counter()
-            for q in self._queues:
+            for i, q in enumerate(self._queues):
                 while q and q[0][0] <= now:
                     deadline, action, _ = q.popleft()
+                    if self._fresh[i] > len(q):  # queued by an action of this run, and due
+                        self._fresh[i] = len(q)
                     self.late_total_s += now - deadline
                     self.late_own_s += now - max(deadline, self._runnable_at)
                     self.released += 1

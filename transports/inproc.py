@@ -11,6 +11,12 @@ emulator's alone rather than this machine's memcpy (4 MB take ~1.5 ms to copy he
 it as device memory (the executor adopts only writable ones); the sender must not change a
 buffer it has sent (gpuremote's client sends snapshots it owns).
 
+A frame is handed to the receiver at once, in the sending thread, with no hop through the
+event loop (a synchronous call in one process makes no loop iteration at all: its reply is in
+when the send returns). Deliveries never nest: a frame sent while another is being handled
+in the same thread (the proxy's reply, sent while it handles the request) is handed on once
+that one is done, in the order sent, so that no receiver is re-entered.
+
 Each end counts the time its receiver spent handling what arrived (``busy_s``): in one event
 loop, that is the proxy's whole cost of its frames, measured apart from the client's.
 """
@@ -18,19 +24,31 @@ loop, that is the proxy's whole cost of its frames, measured apart from the clie
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+from collections import deque
 from typing import Any
 
 import numpy as np
 
 from gpuremote.errors import ConnectionClosed
-from gpuremote.wire.framing import Frame, as_bytes_view, byte_view, encode_frame
+from gpuremote.wire.framing import Frame, as_bytes_view, check_frame
 
 from .base import Address, Connection, ConnectionHandler, FramedConnection, Listener, Transport
 
 __all__ = ["InprocConnection", "InprocListener", "InprocTransport", "listener"]
 
 _LISTENERS: dict[str, InprocListener] = {}
+
+
+class _Handing(threading.local):
+    """The frames waiting to be handed on in this thread, while one is being handled
+    (``None``: none is)."""
+
+    queue: deque[tuple[InprocConnection, Frame]] | None = None
+
+
+_HANDING = _Handing()
 
 
 class InprocConnection(FramedConnection):
@@ -57,11 +75,13 @@ class InprocConnection(FramedConnection):
         if self._closed or self._peer is None or self._peer._closed:
             raise ConnectionClosed(f"{self.peer}: connection is closed")
         if self.limits is not None:
-            encode_frame(frame, self.limits)  # the same limit checks as on a byte stream
+            check_frame(frame, self.limits)  # the same limit checks as on a byte stream
+        if not frame.buffers:
+            self._peer._deliver(frame)
+            return
         if self.copy:
             buffers = [
-                byte_view(np.frombuffer(b, dtype=np.uint8).copy())
-                for b in (as_bytes_view(x) for x in frame.buffers)
+                np.frombuffer(as_bytes_view(b), dtype=np.uint8).copy().data for b in frame.buffers
             ]
         else:
             buffers = [as_bytes_view(x).toreadonly() for x in frame.buffers]
@@ -80,10 +100,22 @@ class InprocConnection(FramedConnection):
         return ConnectionClosed(f"{self.peer}: connection closed")
 
     def _deliver(self, frame: Frame) -> None:
-        if self._receiver is not None:  # a hop through the loop, as over a wire: no reentrancy
-            asyncio.get_running_loop().call_soon(self._receive, frame)
+        if self._receiver is None:
+            self._inbox.put(frame)
             return
-        self._inbox.put(frame)
+        handing = _HANDING
+        queue = handing.queue
+        if queue is not None:  # a receiver of this thread is busy: after it, in order
+            queue.append((self, frame))
+            return
+        handing.queue = queue = deque()
+        try:
+            self._receive(frame)
+            while queue:
+                end, frame = queue.popleft()
+                end._receive(frame)
+        finally:
+            handing.queue = None
 
     async def drain(self) -> None:
         if self._closed:

@@ -121,8 +121,10 @@ class Buffer:
 
     def __del__(self) -> None:  # cheaper than weakref.finalize, and as prompt
         if not self.freed:  # at interpreter exit, or with the session gone, nothing to free
-            with contextlib.suppress(Exception):
+            try:  # noqa: SIM105 (contextlib.suppress: three calls more at every array's end)
                 self.release(self.handle, self.nbytes)
+            except Exception:
+                pass
 
 
 class ArrayMetadata:

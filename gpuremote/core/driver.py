@@ -45,6 +45,28 @@ MAX_NUDGE_S = 0.008
 BATCH_POSTS = 64
 
 
+class _Signal:
+    """A wake-up for the one helper thread: ``set`` from any thread (a lock's release: one
+    call, where ``threading.Event.set`` makes six), ``wait`` takes it (no ``clear``); a
+    ``set`` while none is waited for is kept for the next ``wait``."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()  # held: not set
+
+    def set(self) -> None:
+        try:  # noqa: SIM105 (the hot path of every first post: no contextlib)
+            self._lock.release()
+        except RuntimeError:  # set already
+            pass
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until set (at most ``timeout`` seconds); True if it was (and is no more)."""
+        return self._lock.acquire(timeout=-1 if timeout is None else timeout)
+
+
 class SyncDriver:
     """A session opened to ``url`` (see the module docstring), driven from synchronous code:
     ``post`` queues an ASYNC call, ``call`` makes a SYNC one; ``serve``: serve a proxy of
@@ -73,7 +95,7 @@ class SyncDriver:
         self._driver: int | None = None  # that thread's id
         self._posted: deque[tuple[CallSpec, int, list[Any], memoryview | None]] = deque()
         self._jobs: deque[tuple[Coroutine[Any, Any, Any], concurrent.futures.Future[Any]]] = deque()
-        self._wake = threading.Event()  # something is posted, or a job waits
+        self._wake = _Signal()  # something is posted, or a job waits
         self._nudge_s = nudge_us / 1e6
         self._batch_posts = batch_posts or 1 << 62  # 0: no batch goes before its delay
         #: how old the oldest post must be before the helper sends it (grows with each frame
@@ -167,7 +189,6 @@ class SyncDriver:
             if not wake.wait(None if self._delay_s == self._nudge_s else _IDLE_S):
                 self._delay_s = self._nudge_s  # idle: the next post goes at the first nudge
                 continue
-            wake.clear()
             while True:
                 while jobs:
                     coro, job = jobs.popleft()
@@ -185,7 +206,6 @@ class SyncDriver:
                     # took the queue, wakes it sooner)
                     wait = self._nudge_s if self.holding else self._delay_s - age
                     wake.wait(max(wait, 20e-6))
-                    wake.clear()
                     continue
                 with self._owner:
                     if not self._loop.is_closed():
@@ -253,8 +273,10 @@ class SyncDriver:
 
     def _release(self, handle: int, nbytes: int = 0) -> None:
         if not self.closed and self._error is None:
-            with contextlib.suppress(ConnectionClosed):
+            try:  # noqa: SIM105 (contextlib.suppress costs three calls a free)
                 self.post(_FREE, 0, [handle, nbytes])  # in order with the calls around it
+            except ConnectionClosed:
+                pass
 
     def _start(
         self, spec: CallSpec, args: list[Any], buffer: memoryview | None
@@ -305,6 +327,8 @@ class SyncDriver:
                     fut = self._start(spec, args, buffer)
                 finally:
                     asyncio.events._set_running_loop(None)
+                if fut.done():  # answered as it was sent (a proxy in this thread): no loop turn
+                    return fut.result()
                 return self._loop.run_until_complete(fut)
             finally:
                 self._driver = None

@@ -98,6 +98,7 @@ def _check_values(spec: CallSpec, args: list[Any]) -> None:
                     tv is float
                     or tv is str
                     or tv is bool
+                    or v is None
                     or (tv is int and WIRE_INT_MIN <= v <= WIRE_INT_MAX)
                 ):
                     _check_sendable(a, spec)
@@ -207,13 +208,17 @@ class ClientSession:
             batch.nbytes += buffer.nbytes
         positions = spec.array_args
         if positions:
-            intern = batch.intern
+            intern, index = batch.intern, batch.index
             for i, kind in positions:
                 a = args[i]
-                if kind is Arg.ARRAY:
+                if kind is Arg.ARRAYS:  # (intern, inlined for the arrays seen already)
+                    refs = []
+                    for w in a:
+                        j = index.get(id(w))
+                        refs.append(intern(w) if j is None else j)
+                    args[i] = refs
+                elif kind is Arg.ARRAY:
                     args[i] = intern(a)
-                elif kind is Arg.ARRAYS:
-                    args[i] = [intern(w) for w in a]
                 else:
                     args[i] = [["a", intern(k[1])] if k[0] == "a" else k for k in a]
         return [seq, spec.opcode, stream, args, ack]

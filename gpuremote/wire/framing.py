@@ -40,6 +40,7 @@ __all__ = [
     "FrameLimits",
     "as_bytes_view",
     "byte_view",
+    "check_frame",
     "check_header",
     "check_lengths",
     "encode_frame",
@@ -111,19 +112,30 @@ def _piece(buf: object) -> Any:
     return as_bytes_view(buf)
 
 
+def _check_limits(nbufs: int, meta: int, total: int, limits: FrameLimits) -> None:
+    if nbufs > limits.max_buffers:
+        raise LimitExceeded(f"{nbufs} buffers in one frame; the limit is {limits.max_buffers}")
+    if meta > limits.max_meta_bytes:
+        raise LimitExceeded(f"frame metadata of {meta} bytes; the limit is {limits.max_meta_bytes}")
+    if total > limits.max_frame_bytes:
+        raise LimitExceeded(f"frame of {total} bytes; the limit is {limits.max_frame_bytes}")
+
+
+def check_frame(frame: Frame, limits: FrameLimits) -> None:
+    """Raise ``LimitExceeded`` where ``encode_frame`` would (a transport that hands frames
+    over without encoding them checks the same limits)."""
+    total = len(frame.meta)
+    for b in frame.buffers:
+        total += b.nbytes
+    _check_limits(len(frame.buffers), len(frame.meta), total, limits)
+
+
 def encode_frame(frame: Frame, limits: FrameLimits = FrameLimits()) -> list[memoryview | bytes]:
     """Return the pieces of ``frame`` on the wire, for a vectored write; payloads are not copied."""
     bufs = [_piece(b) for b in frame.buffers]
-    if len(bufs) > limits.max_buffers:
-        raise LimitExceeded(f"{len(bufs)} buffers in one frame; the limit is {limits.max_buffers}")
-    if len(frame.meta) > limits.max_meta_bytes:
-        raise LimitExceeded(
-            f"frame metadata of {len(frame.meta)} bytes; the limit is {limits.max_meta_bytes}"
-        )
     lengths = [b.nbytes for b in bufs]
     total = len(frame.meta) + sum(lengths)
-    if total > limits.max_frame_bytes:
-        raise LimitExceeded(f"frame of {total} bytes; the limit is {limits.max_frame_bytes}")
+    _check_limits(len(bufs), len(frame.meta), total, limits)
     header = HEADER.pack(MAGIC, VERSION, 0, len(frame.meta), len(bufs))
     if lengths:
         header += _lengths(len(lengths)).pack(*lengths)
