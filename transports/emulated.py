@@ -57,7 +57,7 @@ _UNITS_BPS = {
     "gb": 8e9,
 }
 #: options of the wrapped transports that an emu+ URL passes on to them
-_INNER_OPTIONS = frozenset({"copy", "cert", "key", "ca", "shm", "device"})
+_INNER_OPTIONS = frozenset({"copy", "hop", "cert", "key", "ca", "shm", "device"})
 _SPIN_BELOW = 0.002  # closer deadlines: poll the clock on every turn of the event loop
 _BUSY_BELOW = 50e-6  # closer still: busy-wait without yielding
 
@@ -346,6 +346,8 @@ class EmulatedTransport(Transport):
             for k, v in address.options.items()
             if k not in ("rtt", "bw", "jitter", "mode", "seed")
         }
+        if self.inner.scheme == "inproc":  # a frame arrives at a turn of the receiver's
+            keep.setdefault("hop", "1")  # loop, as over a network (its wake-up is real cost)
         return Address(self.inner.scheme, address.host, address.port, keep)
 
     async def connect(self, address: Address) -> Connection:

@@ -16,6 +16,9 @@ event loop (a synchronous call in one process makes no loop iteration at all: it
 when the send returns). Deliveries never nest: a frame sent while another is being handled
 in the same thread (the proxy's reply, sent while it handles the request) is handed on once
 that one is done, in the order sent, so that no receiver is re-entered.
+``inproc://name?hop=1`` hands each frame on at the event loop's next turn instead, as a
+network does (its receiver wakes up for it): what an emulated link (``emu+inproc://``) is
+built on, so that it adds its delays to the real path's costs, loop turns included.
 
 Each end counts the time its receiver spent handling what arrived (``busy_s``): in one event
 loop, that is the proxy's whole cost of its frames, measured apart from the client's.
@@ -58,17 +61,21 @@ class InprocConnection(FramedConnection):
         self._peer: InprocConnection | None = None
         self.limits: Any = None
         self.copy = True  # copy buffers on the way (else: read-only views)
+        self.hop = False  # frames to this end arrive at the loop's next turn (else: at once)
         self.busy_s = 0.0  # time spent in the receiver, handling frames that arrived
         self.frames_in = 0
 
     @staticmethod
-    def pair(name: str, copy: bool = True) -> tuple[InprocConnection, InprocConnection]:
+    def pair(
+        name: str, copy: bool = True, hop: bool = False
+    ) -> tuple[InprocConnection, InprocConnection]:
         a, b = (
             InprocConnection(f"inproc://{name}#proxy"),
             InprocConnection(f"inproc://{name}#client"),
         )
         a._peer, b._peer = b, a
         a.copy = b.copy = copy
+        a.hop = b.hop = hop
         return a, b
 
     def send(self, frame: Frame) -> None:
@@ -102,6 +109,9 @@ class InprocConnection(FramedConnection):
     def _deliver(self, frame: Frame) -> None:
         if self._receiver is None:
             self._inbox.put(frame)
+            return
+        if self.hop:  # as over a wire: the receiver's own loop turn
+            asyncio.get_running_loop().call_soon(self._receive, frame)
             return
         handing = _HANDING
         queue = handing.queue
@@ -167,7 +177,8 @@ class InprocTransport(Transport):
         if listener is None:
             raise ConnectionClosed(f"no in-process proxy listens at inproc://{name}")
         copy = address.options.get("copy", "1") != "0"
-        server_end, client_end = InprocConnection.pair(name, copy)
+        hop = address.options.get("hop", "0") != "0"
+        server_end, client_end = InprocConnection.pair(name, copy, hop)
         server_end.limits = listener._transport.limits
         client_end.limits = self.limits
         listener.accept(server_end)

@@ -325,11 +325,13 @@ class ProxySession:
         commands: list[Command | BadCommandAt],
         t0: int,
     ) -> None:
-        fig = self.figures
         local = request_local_calls(msg)
         if local is not None:
-            fig.local_calls = local
-        self._frame_started.append((t0, sum(b.nbytes for b in frame.buffers)))
+            self.figures.local_calls = local
+        nbytes = 0
+        for b in frame.buffers:
+            nbytes += b.nbytes
+        self._frame_started.append((t0, nbytes))
         peers = self.executor.peers
         if self._held or (peers is not None and peers.wanted(commands)):
             # data from other proxies first, on the loop; later batches keep their order
@@ -383,7 +385,8 @@ class ProxySession:
                 self.received_bytes -= self._frame_started.pop()[1]
             self._batch_failed(commands, exc)
             return
-        self._maybe_resume()
+        if self._reading_paused:
+            self._maybe_resume()
 
     def deliver(self, result: Result | BaseException) -> None:
         """A batch's result (on the loop, in order): send its replies."""
@@ -410,7 +413,8 @@ class ProxySession:
                 # take no more commands until they are out (backpressure)
                 self._pause()
                 self._drainer = self._loop.create_task(self._wait_drained())
-        self._maybe_resume()
+        if self._reading_paused:
+            self._maybe_resume()
 
     def on_lost(self, exc: BaseException) -> None:
         """The connection ended (``exc`` says how)."""

@@ -1,0 +1,89 @@
+"""inproc://: frames handed on at once (no loop turn per hop), never re-entering a receiver;
+``?hop=1`` (what emulated links are built on) hands them on at the loop's next turn."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import numpy as np
+from gpuremote.transports.inproc import InprocConnection
+
+import gpuremote.xp as gx
+from gpuremote.wire.framing import Frame
+
+
+def _ends(hop: bool = False) -> tuple[InprocConnection, InprocConnection, list[Any]]:
+    """A pair whose far end answers each frame with one of its own (sent from inside its
+    receiver), and a log of what each receiver saw, with whether it was re-entered."""
+    near, far = InprocConnection.pair("test", hop=hop)
+    log: list[Any] = []
+    busy = {"near": False, "far": False}
+
+    def receiver(name: str, end: InprocConnection, answer: bool) -> Any:
+        def on_frame(frame: Frame) -> None:
+            log.append((name, frame.meta, busy["near"] or busy["far"]))
+            busy[name] = True
+            try:
+                if answer:
+                    end.send(Frame(b"re:" + frame.meta))
+            finally:
+                busy[name] = False
+
+        return on_frame
+
+    near.set_receiver(receiver("near", near, False), lambda exc: None)
+    far.set_receiver(receiver("far", far, True), lambda exc: None)
+    return near, far, log
+
+
+async def test_frames_are_handed_on_at_once_and_no_receiver_is_reentered() -> None:
+    near, far, log = _ends()
+    near.send(Frame(b"1"))
+    near.send(Frame(b"2"))
+    # both requests and both answers are in when the sends return, in order, and the
+    # answer sent from inside the far end's receiver waited until that receiver was done
+    assert log == [
+        ("far", b"1", False),
+        ("near", b"re:1", False),
+        ("far", b"2", False),
+        ("near", b"re:2", False),
+    ]
+    assert far.frames_in == 2 and near.frames_in == 2
+
+
+async def test_with_hop_a_frame_arrives_at_the_loops_next_turn() -> None:
+    near, _far, log = _ends(hop=True)
+    near.send(Frame(b"1"))
+    assert log == []
+    await asyncio.sleep(0)
+    assert log == [("far", b"1", False)]
+    await asyncio.sleep(0)
+    assert log == [("far", b"1", False), ("near", b"re:1", False)]
+
+
+def test_a_synchronous_xp_op_in_one_process_turns_no_event_loop() -> None:
+    device = gx.connect_local("numpy")
+    try:
+        x = gx.asarray(np.arange(16, dtype=np.float32), device=device)
+        assert float(gx.sum(x + 1.0)) == 136.0  # warm
+        turns = 0  # in this thread (the helper thread may send posts on its own turns)
+        loop: Any = device._loop
+        run_once = loop._run_once
+        me = threading.get_ident()
+
+        def counted() -> None:
+            nonlocal turns
+            turns += threading.get_ident() == me
+            run_once()
+
+        loop._run_once = counted
+        try:
+            for _ in range(20):
+                assert float(gx.sum(x + 1.0)) == 136.0
+        finally:
+            del loop._run_once
+        assert turns == 0
+    finally:
+        device.close()
