@@ -87,3 +87,32 @@ def test_a_synchronous_xp_op_in_one_process_turns_no_event_loop() -> None:
         assert turns == 0
     finally:
         device.close()
+
+
+def test_a_synchronous_xp_op_wakes_no_helper_thread(monkeypatch: Any) -> None:
+    """Its posts are taken by its own waiting call at once: the helper, which comes by on
+    its own while the device is in use, is not woken for them (a wake-up and a GIL hand-off
+    per op cost the xp op a third of its client CPU over tcp://)."""
+    from gpuremote.core import driver
+
+    wakes = 0
+    real_set = driver._Signal.set
+
+    def counted(self: Any) -> None:
+        nonlocal wakes
+        wakes += 1
+        real_set(self)
+
+    device = gx.connect_local("numpy")
+    try:
+        x = gx.asarray(np.arange(16, dtype=np.float32), device=device)
+        for _ in range(20):
+            float(gx.sum(x + 1.0))
+        monkeypatch.setattr(driver._Signal, "set", counted)
+        for _ in range(100):
+            assert float(gx.sum(x + 1.0)) == 136.0
+        monkeypatch.setattr(driver._Signal, "set", real_set)
+    finally:
+        device.close()
+    assert wakes <= 10  # (one per op before; a stall past nudge_us between a post and its
+    # waiting call may still wake it)

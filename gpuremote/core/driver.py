@@ -12,6 +12,12 @@ calls, each frame the helper sends makes it wait four times longer before the ne
 ``MAX_NUDGE_S``): the first work of a step reaches the proxy at once, and a long stretch of
 posting goes in a few frames, not one per ``nudge_us``, while the proxy has the earlier ones
 to work on; ``BATCH_POSTS`` posts waiting go at once.
+
+A post wakes the helper only where it would not come by in time on its own: the device was
+idle (no post for ``_IDLE_S``), a batch is full, or the oldest post is due. While the device
+is in use the helper comes by every ``MAX_NUDGE_S`` unwoken, so a synchronous op (posts that
+its waiting call takes at once) costs no thread wake-up; a lone post that no waiting call
+takes, made while the device is in use, goes within ``MAX_NUDGE_S``.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ __all__ = ["SyncDriver"]
 
 T = TypeVar("T")
 _FREE = CALLS_BY_NAME["free"]
-_IDLE_S = 0.05  # how long the helper polls after the last post before it sleeps
+_IDLE_S = 0.05  # how long after the last post the helper comes by on its own (each tick)
 #: the longest the helper lets a post wait for a waiting call to take it (see the docstring)
 MAX_NUDGE_S = 0.008
 #: posts that the helper sends at once, whatever the delay: a stream of small calls (eager
@@ -102,6 +108,9 @@ class SyncDriver:
         #: the helper sends; a waiting call sets it back to ``_nudge_s``)
         self._delay_s = self._nudge_s
         self._first_post = 0.0  # when the oldest post not yet sent was made
+        #: the helper sleeps until woken (the device is idle): a post wakes it
+        self._dozing = False
+        self._woken = False  # a post woke the helper, which has not looked yet
         self._error: BaseException | None = None
         self.closed = False
         #: the connection to the proxy was lost (a call raised ``ConnectionClosed``): the
@@ -182,36 +191,46 @@ class SyncDriver:
     def _help(self) -> None:
         """The helper thread: sends what was posted and not sent within the current delay
         (``nudge_s``, growing with each frame it sends until a waiting call), runs the jobs
-        of threads that cannot drive the loop. It sleeps between: a post into an empty queue
-        wakes it, and it waits only as long as the oldest post may wait (no polling)."""
+        of threads that cannot drive the loop. While the device is in use (a post within
+        ``_IDLE_S``) it comes by every ``MAX_NUDGE_S`` on its own, so that a post that a
+        waiting call takes at once (a synchronous op) need not wake it; idle, it sleeps until
+        a post wakes it. It waits only as long as the oldest post may wait."""
         wake, posted, jobs = self._wake, self._posted, self._jobs
+        tick = max(MAX_NUDGE_S, self._nudge_s)
         while not self.closed:
-            if not wake.wait(None if self._delay_s == self._nudge_s else _IDLE_S):
-                self._delay_s = self._nudge_s  # idle: the next post goes at the first nudge
-                continue
-            while True:
-                while jobs:
-                    coro, job = jobs.popleft()
-                    with self._owner:
-                        try:
-                            job.set_result(self._drive(coro))
-                        except BaseException as exc:
-                            job.set_exception(exc)
-                if self.closed or not posted:
-                    break
+            while jobs:
+                coro, job = jobs.popleft()
+                with self._owner:
+                    try:
+                        job.set_result(self._drive(coro))
+                    except BaseException as exc:
+                        job.set_exception(exc)
+            if self.closed:
+                break
+            if posted:
                 age = time.perf_counter() - self._first_post
                 full = len(posted) >= self._batch_posts
                 if self.holding or (age < self._delay_s and not full):
-                    # until the oldest post is due (a job, or a post after a waiting call
-                    # took the queue, wakes it sooner)
-                    wait = self._nudge_s if self.holding else self._delay_s - age
-                    wake.wait(max(wait, 20e-6))
+                    # until the oldest post is due (a job, a full batch, or a post after a
+                    # waiting call took the queue, wakes it sooner)
+                    self._woken = False
+                    wake.wait(max(self._nudge_s if self.holding else self._delay_s - age, 20e-6))
                     continue
                 with self._owner:
                     if not self._loop.is_closed():
                         self._drive(self._send_posted())
                 if not full:  # (a stream of many small posts goes on at the first nudge)
-                    self._delay_s = min(self._delay_s * 4, max(MAX_NUDGE_S, self._nudge_s))
+                    self._delay_s = min(self._delay_s * 4, tick)
+                continue
+            self._woken = False
+            if time.perf_counter() - self._first_post < _IDLE_S:
+                wake.wait(tick)  # in use: by again within a tick, unwoken
+                continue
+            self._delay_s = self._nudge_s  # idle: the next post goes at the first nudge
+            self._dozing = True  # (set before the check: a post made after it wakes us)
+            if not posted and not jobs and not self.closed:
+                wake.wait()
+            self._dozing = False
 
     async def _send_posted(self) -> None:
         self._drain()
@@ -233,16 +252,22 @@ class SyncDriver:
                 self.session.submit(spec, stream, args, buffer)
             return
         posted = self._posted
-        first = not posted
-        if first:
-            self._first_post = time.perf_counter()
+        now = time.perf_counter()
+        if not posted:
+            self._first_post = now
         if self.recording is not None:
             self.recording.add(spec, stream, args, buffer)
         posted.append((spec, stream, args, buffer))
-        n = len(posted)
-        if first or n == 1 or n == self._batch_posts:  # (1: another thread took the queue
-            self._wake.set()  # meanwhile) the helper sends it after the delay if no waiting
-            # call takes it first, and a full batch at once
+        # the helper is woken only where it would not come by in time on its own: it sleeps
+        # (the device was idle), a batch is full, or the oldest post is due (a stream of
+        # posts that no waiting call takes)
+        if not self._woken and (
+            self._dozing
+            or len(posted) >= self._batch_posts
+            or now - self._first_post >= self._delay_s
+        ):
+            self._woken = True
+            self._wake.set()
 
     def _drain(self) -> None:
         """On the loop: hand everything posted to the session, in order."""
