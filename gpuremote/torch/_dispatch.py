@@ -53,7 +53,7 @@ class _Plan:
     """How to run one op (per op, from its schema): is it a view, does it depend on the
     data, and where each of its returns comes from."""
 
-    __slots__ = ("dynamic", "in_place", "name", "returns", "view")
+    __slots__ = ("dynamic", "in_place", "name", "one_new", "returns", "view")
 
     def __init__(self, op: torch._ops.OpOverload) -> None:
         schema = op._schema
@@ -77,11 +77,17 @@ class _Plan:
                         source = (i, a.name)
                         break
             self.returns.append(source)
+        #: it returns one value, made by the op (not an operand)
+        self.one_new = self.returns == [None]
         #: every return is an operand it writes in place (none is new, none an out=, which
         #: may be resized): the outputs' metadata does not depend on float arguments
         self.in_place = all(
             source is not None and not schema.arguments[source[0]].is_out for source in self.returns
         ) and any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+
+
+#: the tensor counts of an op that makes one tensor (``_infer``'s ``counts``)
+_ONE = [-1]
 
 
 class _Uploads(dict[int, Callable[[torch.Tensor], torch.Tensor]]):
@@ -170,18 +176,23 @@ class Dispatcher:
         return plan
 
     def run(self, op: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Run ``op`` (see the module docstring)."""
-        plan = self.plan(op)
+        """Run ``op`` (see the module docstring). The path of every op: lookups inlined."""
+        plan = self._plans.get(id(op)) or self.plan(op)
         if plan.view:
             return op.redispatch(_CPU_KEYS, *args, **kwargs)
         tensors: list[torch.Tensor] = []
         index = self._index_of(args, kwargs) if len(self.drivers) > 1 else 0
         encode = Encoder(tensors, self._uploads[index], not plan.in_place)
-        wire_args = [[encode(a) for a in args], {k: encode(v) for k, v in kwargs.items()}]
-        d = self.driver(index)
+        wire_args = [
+            [encode(a) for a in args],
+            {k: encode(v) for k, v in kwargs.items()} if kwargs else {},
+        ]
+        d = self.drivers.get(index)
+        if d is None or d.closed:
+            d = self.driver(index)
         if plan.dynamic:
             return self._dynamic(d, index, op, plan, tensors, wire_args, args, kwargs)
-        key = (plan, encode.signature())
+        key = (plan, tuple(encode.sig))  # (encode.signature())
         metas = self._metas.get(key)
         if metas is None:
             metas = self._infer(op, args, kwargs)
@@ -208,6 +219,8 @@ class Dispatcher:
                 restride(_argument(args, kwargs, source), sizes, strides)
             operands = [describe(t) for t in tensors]
         d.post(_ATEN, 0, [plan.name, operands, wire_args, descs])
+        if plan.one_new and counts == _ONE:  # the common case: one new tensor
+            return outputs[0]
         return self._result(plan, args, kwargs, iter(outputs), counts)
 
     def _index_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
