@@ -100,7 +100,7 @@ def test_a_synchronous_xp_op_wakes_no_helper_thread(monkeypatch: Any) -> None:
 
     def counted(self: Any) -> None:
         nonlocal wakes
-        wakes += 1
+        wakes += self is device._wake  # (other devices' finalizers may wake theirs)
         real_set(self)
 
     device = gx.connect_local("numpy")

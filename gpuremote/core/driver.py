@@ -100,6 +100,9 @@ class SyncDriver:
         self._owner = threading.Lock()  # held by whichever thread runs the loop
         self._driver: int | None = None  # that thread's id
         self._posted: deque[tuple[CallSpec, int, list[Any], memoryview | None]] = deque()
+        #: buffers released (from any thread, by finalizers): freed with the next frame,
+        #: after everything posted before it (nothing posted later can name them)
+        self._freed: deque[tuple[int, int]] = deque()
         self._jobs: deque[tuple[Coroutine[Any, Any, Any], concurrent.futures.Future[Any]]] = deque()
         self._wake = _Signal()  # something is posted, or a job waits
         self._nudge_s = nudge_us / 1e6
@@ -195,7 +198,7 @@ class SyncDriver:
         ``_IDLE_S``) it comes by every ``MAX_NUDGE_S`` on its own, so that a post that a
         waiting call takes at once (a synchronous op) need not wake it; idle, it sleeps until
         a post wakes it. It waits only as long as the oldest post may wait."""
-        wake, posted, jobs = self._wake, self._posted, self._jobs
+        wake, posted, jobs, freed = self._wake, self._posted, self._jobs, self._freed
         tick = max(MAX_NUDGE_S, self._nudge_s)
         while not self.closed:
             while jobs:
@@ -222,13 +225,17 @@ class SyncDriver:
                 if not full:  # (a stream of many small posts goes on at the first nudge)
                     self._delay_s = min(self._delay_s * 4, tick)
                 continue
+            if freed and not self.holding:  # frees alone: no hurry, but not forgotten
+                with self._owner:
+                    if not self._loop.is_closed():
+                        self._drive(self._send_posted())
             self._woken = False
             if time.perf_counter() - self._first_post < _IDLE_S:
                 wake.wait(tick)  # in use: by again within a tick, unwoken
                 continue
             self._delay_s = self._nudge_s  # idle: the next post goes at the first nudge
             self._dozing = True  # (set before the check: a post made after it wakes us)
-            if not posted and not jobs and not self.closed:
+            if not posted and not jobs and not freed and not self.closed:
                 wake.wait()
             self._dozing = False
 
@@ -273,6 +280,11 @@ class SyncDriver:
         """On the loop: hand everything posted to the session, in order."""
         session = self.session
         posted, submit, release = self._posted, session.submit, session.defer_free
+        freed = self._freed
+        # the frees released before this drain began: every call naming their buffers was
+        # posted before them, so goes in the loop below, before them (a free released
+        # meanwhile, in another thread, may follow a call still to be posted: next time)
+        n_freed = len(freed)
         while posted:
             item = posted.popleft()
             try:
@@ -283,6 +295,8 @@ class SyncDriver:
             except Exception as exc:
                 if self._error is None:
                     self._error = exc
+        for _ in range(n_freed):
+            release(*freed.popleft())
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
@@ -297,11 +311,17 @@ class SyncDriver:
                 self._wake.set()
 
     def _release(self, handle: int, nbytes: int = 0) -> None:
-        if not self.closed and self._error is None:
-            try:  # noqa: SIM105 (contextlib.suppress costs three calls a free)
-                self.post(_FREE, 0, [handle, nbytes])  # in order with the calls around it
-            except ConnectionClosed:
-                pass
+        """Free buffer ``handle`` (from any thread: finalizers): with the next frame, after
+        what is posted (no call posted later can name a buffer whose last reference died)."""
+        if self.closed or self._error is not None:
+            return
+        if self.direct:
+            self.session.defer_free(handle, nbytes)
+            return
+        self._freed.append((handle, nbytes))
+        if self._dozing and not self._woken:  # the device idle: nothing else would send it
+            self._woken = True
+            self._wake.set()
 
     def _start(
         self, spec: CallSpec, args: list[Any], buffer: memoryview | None
