@@ -1,5 +1,7 @@
-"""inproc://: frames handed on at once (no loop turn per hop), never re-entering a receiver;
-``?hop=1`` (what emulated links are built on) hands them on at the loop's next turn."""
+"""The in-process path: inproc:// hands frames on at once (no loop turn per hop), never
+re-entering a receiver (``?hop=1``, what emulated links are built on, at the loop's next
+turn); the synchronous driver waits for a reply without turning a loop where it came in as
+the call was sent, and wakes no helper thread for a synchronous op."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import threading
 from typing import Any
 
 import numpy as np
+import pytest
 from gpuremote.transports.inproc import InprocConnection
 
 import gpuremote.xp as gx
@@ -116,3 +119,23 @@ def test_a_synchronous_xp_op_wakes_no_helper_thread(monkeypatch: Any) -> None:
         device.close()
     assert wakes <= 10  # (one per op before; a stall past nudge_us between a post and its
     # waiting call may still wake it)
+
+
+def test_the_sync_driver_under_an_event_loop_policy_without_run_once() -> None:
+    """A program that installed uvloop's policy gets uvloop's loop for the device: the
+    driver waits for replies with ``run_until_complete`` there (its own loop turning needs
+    asyncio's ``_run_once``)."""
+    uvloop = pytest.importorskip("uvloop", reason="uvloop is not installed")
+    old = asyncio.get_event_loop_policy()
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    try:
+        device = gx.connect_local("numpy", "tcp://127.0.0.1:0")  # a reply takes loop turns
+    finally:
+        asyncio.set_event_loop_policy(old)
+    try:
+        assert not hasattr(device._loop, "_run_once")
+        x = gx.asarray(np.arange(16, dtype=np.float32), device=device)
+        for _ in range(5):
+            assert float(gx.sum(x + 1.0)) == 136.0
+    finally:
+        device.close()

@@ -387,10 +387,15 @@ class SyncDriver:
         ``run_until_complete`` does, less its set-up and the extra turn for its stop
         callback, which cost as much again as the turn that brings a reply in."""
         loop: Any = self._loop
+        run_once = getattr(loop, "_run_once", None)
+        if run_once is None:  # not asyncio's own loop (an event loop policy's, uvloop's)
+            asyncio.events._set_running_loop(None)
+            loop.run_until_complete(fut)
+            return
         loop._thread_id = threading.get_ident()  # (what run_forever marks a running loop by)
         try:
             while not fut.done():
-                loop._run_once()
+                run_once()
         finally:
             loop._thread_id = None
 
