@@ -95,6 +95,23 @@ def test_xp_posts_go_out_without_a_waiting_call() -> None:
         assert float(y[0]) == 2.0
 
 
+def test_xp_frees_go_out_once_the_device_is_idle() -> None:
+    """A buffer released while nothing else is sent is freed on the proxy soon after the
+    device goes idle, not held until the program's next call."""
+    with xp.connect_local("numpy") as device:
+        x = xp.asarray(np.ones(1000, np.float32), device=device)
+        y = x + 1.0
+        assert float(xp.sum(y)) == 2000.0
+        frames = device.session.counters.frames_sent
+        del y  # its buffer is released (the last reference)
+        for _ in range(200):  # up to 2 s
+            if device.session.counters.frames_sent > frames:
+                break
+            threading.Event().wait(0.01)
+        assert device.session.counters.frames_sent == frames + 1
+        assert not device._freed and not device.session._to_free
+
+
 def test_xp_from_a_thread_that_runs_an_event_loop() -> None:
     """asyncio code (Jupyter) cannot run a second loop: its calls go through the helper."""
     with xp.connect_local("numpy") as device:

@@ -107,6 +107,8 @@ class SyncDriver:
         self._wake = _Signal()  # something is posted, or a job waits
         self._nudge_s = nudge_us / 1e6
         self._batch_posts = batch_posts or 1 << 62  # 0: no batch goes before its delay
+        #: the helper sends released buffers' frees alone once the device is idle
+        self._frees_alone = self._nudge_s < _IDLE_S
         #: how old the oldest post must be before the helper sends it (grows with each frame
         #: the helper sends; a waiting call sets it back to ``_nudge_s``)
         self._delay_s = self._nudge_s
@@ -225,17 +227,20 @@ class SyncDriver:
                 if not full:  # (a stream of many small posts goes on at the first nudge)
                     self._delay_s = min(self._delay_s * 4, tick)
                 continue
-            if freed and not self.holding:  # frees alone: no hurry, but not forgotten
+            self._woken = False
+            if time.perf_counter() - self._first_post < _IDLE_S:
+                wake.wait(tick)  # in use: by again within a tick, unwoken (frees released
+                continue  # meanwhile go with the next frame)
+            # idle: what was released goes now, not at the device's next use (unless the
+            # helper is to send nothing of its own: a ``nudge_us`` past ``_IDLE_S``)
+            frees_now = self._frees_alone and not self.holding
+            if freed and frees_now:
                 with self._owner:
                     if not self._loop.is_closed():
                         self._drive(self._send_posted())
-            self._woken = False
-            if time.perf_counter() - self._first_post < _IDLE_S:
-                wake.wait(tick)  # in use: by again within a tick, unwoken
-                continue
-            self._delay_s = self._nudge_s  # idle: the next post goes at the first nudge
+            self._delay_s = self._nudge_s  # the next post goes at the first nudge
             self._dozing = True  # (set before the check: a post made after it wakes us)
-            if not posted and not jobs and not freed and not self.closed:
+            if not posted and not jobs and not (freed and frees_now) and not self.closed:
                 wake.wait()
             self._dozing = False
 
@@ -319,8 +324,8 @@ class SyncDriver:
             self.session.defer_free(handle, nbytes)
             return
         self._freed.append((handle, nbytes))
-        if self._dozing and not self._woken:  # the device idle: nothing else would send it
-            self._woken = True
+        if self._dozing and self._frees_alone and not self._woken:  # the device idle:
+            self._woken = True  # nothing else would send it
             self._wake.set()
 
     def _start(

@@ -364,6 +364,8 @@ class ClientSession:
             await self.call(CALLS_BY_NAME["device_synchronize"], 0, [])
             return
         self.check_open()
+        if self._to_free:  # what was released goes too (alone, if nothing else is queued)
+            self._queue_frees()
         if self._batch.commands:
             if self.config.async_calls:
                 self._flush_now()
