@@ -208,17 +208,13 @@ class ClientSession:
             batch.nbytes += buffer.nbytes
         positions = spec.array_args
         if positions:
-            intern, index = batch.intern, batch.index
+            intern = batch.intern
             for i, kind in positions:
                 a = args[i]
-                if kind is Arg.ARRAYS:  # (intern, inlined for the arrays seen already)
-                    refs = []
-                    for w in a:
-                        j = index.get(id(w))
-                        refs.append(intern(w) if j is None else j)
-                    args[i] = refs
-                elif kind is Arg.ARRAY:
+                if kind is Arg.ARRAY:
                     args[i] = intern(a)
+                elif kind is Arg.ARRAYS:
+                    args[i] = [intern(w) for w in a]
                 else:
                     args[i] = [["a", intern(k[1])] if k[0] == "a" else k for k in a]
         return [seq, spec.opcode, stream, args, ack]
