@@ -195,8 +195,15 @@ class ClientSession:
 
     # -- submitting ------------------------------------------------------------------------
     def _command(
-        self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None, ack: int
+        self,
+        spec: CallSpec,
+        stream: int,
+        args: list[Any],
+        buffer: memoryview | None,
+        ack: bool | int,
     ) -> list[Any]:
+        """The wire form of a call; ``ack`` is its last item as it is sent: ``True``, ``False``
+        or ``OWN`` (the proxy tells ``True`` from ``1``, so a bool stays a bool)."""
         if spec.value_args:
             _check_values(spec, args)
         self._seq += 1

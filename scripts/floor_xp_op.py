@@ -1,0 +1,252 @@
+"""The floor of a remoted op in Python (issue #41): what the xp synchronous op
+``float(xp.sum(x + 1.0))`` on 16 floats costs when a client and a proxy in one process do only
+the work that cannot be left out, beside NumPy doing it locally and gpuremote doing it.
+
+The skeleton sends the same frame gpuremote sends (``[REQUEST, arrays, commands, 0]``: the
+array table, two ``launch_new``, the ``free_buffers`` of the last op's temporaries and the
+``copy_d2h``, msgpack by msgspec), the proxy decodes it, allocates the new outputs, runs the
+same NumPy calls on them, frees, and answers with the read's bytes out of band; the client
+shadows shape and dtype, frees temporaries when they die and reads the float from the reply.
+It checks nothing, has no streams, no deferred errors, no event loop, no transport and no
+accounting: everything gpuremote does beyond it is the cost of those.
+
+    python scripts/floor_xp_op.py [--rounds 7] [--number 2000] [--json]
+
+Reports medians of ``--rounds`` batches of ``--number`` ops (microseconds per op) and the
+Python calls per op from cProfile, for each of the three, measured in the same run; and where
+gpuremote's time goes, by layer: each layer's share of the op under cProfile (its entry
+points' cumulative times), applied to the op's measured time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import statistics
+import timeit
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import numpy as np
+
+import gpuremote.xp as gx
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder().decode
+REQUEST, REPLY = 1, 2
+LAUNCH_NEW, FREE_BUFFERS, COPY_D2H = 24, 16, 13  # gpuremote's opcodes, for the same bytes
+
+
+class Proxy:
+    """Buffers by handle; one frame in, one reply (metadata, out-of-band buffers) out."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[int, np.ndarray[Any, Any]] = {}
+
+    def on_frame(self, meta: bytes) -> tuple[bytes, list[memoryview]]:
+        _, table, commands, _ = _decode(meta)
+        buffers = self.buffers
+        replies: list[list[Any]] = []
+        data: list[memoryview] = []
+        for seq, opcode, _stream, args, _ack in commands:
+            if opcode == LAUNCH_NEW:
+                op, ins, outs, params = args
+                for i in outs:
+                    handle, _offset, shape, dtype = table[i]
+                    buffers[handle] = np.empty(shape, dtype)
+                a = [buffers[table[i][0]] for i in ins]
+                o = [buffers[table[i][0]] for i in outs]
+                if op == "add":
+                    np.add(a[0], params["scalar"], out=o[0])
+                else:
+                    np.add.reduce(a[0], axis=None, out=o[0])
+            elif opcode == FREE_BUFFERS:
+                for handle in args[0]:
+                    del buffers[handle]
+            elif opcode == COPY_D2H:
+                data.append(buffers[table[args[0]][0]].data.cast("B"))
+                replies.append([seq, 0, len(data) - 1])
+        return _encode([REPLY, replies]), data
+
+
+class Array:
+    """The client's shadow of a device array: its handle, shape and dtype."""
+
+    __slots__ = ("client", "dtype", "handle", "shape")
+
+    def __init__(self, client: Client, shape: tuple[int, ...], dtype: str) -> None:
+        client.handles += 1
+        self.client, self.handle, self.shape, self.dtype = client, client.handles, shape, dtype
+
+    def __del__(self) -> None:
+        self.client.frees.append(self.handle)
+
+
+class Client:
+    """Queues launches, sends them with the read that needs an answer."""
+
+    def __init__(self, proxy: Proxy) -> None:
+        self.proxy = proxy
+        self.handles = self.seq = 0
+        self.frees: list[int] = []
+        self.commands: list[list[Any]] = []
+        self.table: list[list[Any]] = []
+        self.index: dict[int, int] = {}
+
+    def _intern(self, a: Array) -> int:
+        i = self.index.get(a.handle)
+        if i is None:
+            i = self.index[a.handle] = len(self.table)
+            self.table.append([a.handle, 0, list(a.shape), a.dtype])
+        return i
+
+    def _launch(self, op: str, x: Array, out: Array, params: dict[str, Any]) -> Array:
+        self.seq += 1
+        args = [op, [self._intern(x)], [self._intern(out)], params]
+        self.commands.append([self.seq, LAUNCH_NEW, 0, args, False])
+        return out
+
+    def add(self, x: Array, scalar: float) -> Array:
+        return self._launch("add", x, Array(self, x.shape, x.dtype), {"scalar": scalar})
+
+    def sum(self, x: Array) -> Array:
+        params = {"axis": None, "keepdims": False, "dtype": None}
+        return self._launch("sum", x, Array(self, (), x.dtype), params)
+
+    def read(self, x: Array) -> float:
+        if self.frees:
+            self.seq += 1
+            self.commands.append([self.seq, FREE_BUFFERS, 0, [self.frees], False])
+            self.frees = []
+        self.seq += 1
+        self.commands.append([self.seq, COPY_D2H, 0, [self._intern(x)], False])
+        frame = _encode([REQUEST, self.table, self.commands, 0])
+        self.commands, self.table, self.index = [], [], {}
+        meta, data = self.proxy.on_frame(frame)
+        (_seq, _status, i), *_ = _decode(meta)[1]
+        return float(np.frombuffer(data[i], x.dtype)[0])
+
+
+def _per_op_us(fn: Callable[[], Any], rounds: int, number: int) -> float:
+    for _ in range(number // 4):
+        fn()
+    return statistics.median(timeit.repeat(fn, number=number, repeat=rounds)) / number * 1e6
+
+
+def _calls_per_op(fn: Callable[[], Any], n: int = 500) -> float:
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(n):
+        fn()
+    profile.disable()
+    stats: dict[Any, Any] = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    return sum(s[1] for s in stats.values()) / n
+
+
+#: gpuremote's layers on the xp op's path, by the entry points whose cumulative time is theirs
+#: (file suffix, function name); what is left is the client's (front end, array core,
+#: pipeline, synchronous driver)
+_ENTRIES = {
+    "proxy: decode and check the request": [
+        ("wire/protocol.py", "decode_request"),
+        ("wire/protocol.py", "decode_message@proxy/session.py"),
+    ],
+    "proxy: run the commands (executor, state, backend)": [("proxy/executor.py", "execute")],
+    "proxy: of which the backend's op (NumPy)": [("backends/numpy_backend.py", "run_op")],
+    "proxy: encode the reply": [("wire/protocol.py", "encode_replies")],
+    "proxy: session, scheduler, device queue, accounting": [("proxy/session.py", "on_frame")],
+    "client: receive and decode the reply": [("session/pipeline.py", "_on_frame")],
+    "transport (inproc://) and framing": [("transports/inproc.py", "send")],
+}
+
+
+def _layers(fn: Callable[[], Any], us_per_op: float, n: int = 2000) -> dict[str, float]:
+    """Microseconds per op by layer (see ``_ENTRIES``)."""
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(n):
+        fn()
+    profile.disable()
+    stats: dict[Any, Any] = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    total = sum(s[2] for s in stats.values())  # own times add up to the whole
+
+    def cumulative(suffix: str, name: str) -> float:
+        name, _, caller = name.partition("@")
+        t = 0.0
+        for (file, _, func), (_, _, _, cum, callers) in stats.items():
+            if func != name or not file.endswith(suffix):
+                continue
+            if not caller:
+                t += cum
+                continue
+            t += sum(c[3] for (cf, _, _), c in callers.items() if cf.endswith(caller))
+        return t
+
+    cum = {k: sum(cumulative(*e) for e in v) for k, v in _ENTRIES.items()}
+    decode, run, reply = (cum[k] for k in list(_ENTRIES)[:2] + list(_ENTRIES)[3:4])
+    session = cum["proxy: session, scheduler, device queue, accounting"]
+    cum["proxy: session, scheduler, device queue, accounting"] = session - decode - run - reply
+    receive = cum["client: receive and decode the reply"]
+    cum["transport (inproc://) and framing"] -= session + receive
+    cum["client: front end, array core, pipeline, driver"] = (
+        total - cum["transport (inproc://) and framing"] - session - receive
+    )
+    return {k: v / total * us_per_op for k, v in cum.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--number", type=int, default=2000)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--layers", action="store_true", help="gpuremote's time by layer")
+    a = parser.parse_args()
+
+    host = np.arange(16, dtype=np.float32)
+    client = Client(Proxy())
+    client.proxy.buffers[0] = host.copy()
+    client.handles = 0
+    x = Array(client, (16,), "float32")  # handle 1
+    client.proxy.buffers[x.handle] = host.copy()
+    device = gx.connect_local("numpy")
+    remote = gx.asarray(host, device=device)
+    cases: dict[str, Callable[[], Any]] = {
+        "numpy": lambda: float(np.sum(host + 1.0)),
+        "skeleton": lambda: client.read(client.sum(client.add(x, 1.0))),
+        "gpuremote_xp": lambda: float(gx.sum(remote + 1.0)),
+    }
+    assert len({f() for f in cases.values()}) == 1, "the three do not agree"
+    layers: dict[str, float] = {}
+    try:
+        out: dict[str, dict[str, float]] = {}
+        for name, fn in cases.items():
+            out[name] = {
+                "us_per_op": _per_op_us(fn, a.rounds, a.number),
+                "python_calls_per_op": _calls_per_op(fn),
+            }
+        if a.layers:
+            layers = _layers(cases["gpuremote_xp"], out["gpuremote_xp"]["us_per_op"])
+    finally:
+        device.close()
+    base = out["numpy"]["us_per_op"]
+    for row in out.values():
+        row["x_numpy"] = row["us_per_op"] / base
+    if a.json:
+        print(json.dumps({**out, "layers_us": layers} if a.layers else out, indent=2))
+        return
+    for name, row in out.items():
+        print(
+            f"{name:14} {row['us_per_op']:8.1f} µs/op {row['x_numpy']:6.1f}x NumPy "
+            f"{row['python_calls_per_op']:6.0f} Python calls/op"
+        )
+    if a.layers:
+        print("gpuremote's op by layer (µs per op):")
+        for name, us in layers.items():
+            print(f"  {us:6.1f}  {name}")
+
+
+if __name__ == "__main__":
+    main()
