@@ -18,7 +18,8 @@ cd "$(dirname "$0")/.."
 ROUNDS=${1:-2}
 PY=$PWD/.venv/bin/python
 TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+trap 'rm -rf "$TMP"' EXIT  # KEEP_TMP=1 keeps it
+[ -n "${KEEP_TMP:-}" ] && trap - EXIT
 git archive HEAD | tar -x -C "$TMP"
 HOT=(
     gpuremote/wire/protocol.py gpuremote/wire/framing.py gpuremote/wire/limits.py
