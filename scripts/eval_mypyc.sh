@@ -48,11 +48,11 @@ EOF
     echo "compiling ${#HOT[@]} modules with mypyc (a few minutes)..." >&2
     PATH=$(dirname "$PY"):$PATH mypyc "${HOT[@]}" >"$TMP/mypyc.log" 2>&1 || { tail -20 "$TMP/mypyc.log"; exit 1; }
 )
-PYTHONPATH=$TMP "$PY" -c "import gpuremote.wire.protocol as p, gpuremote.proxy.session as s; \
-assert p.__file__.endswith('.so') and s.__file__.endswith('.so'), 'not compiled'"
+(cd "$TMP" && PYTHONPATH=$TMP "$PY" -c "import gpuremote.wire.protocol as p, gpuremote.proxy.session as s; \
+assert p.__file__.endswith('.so') and s.__file__.endswith('.so'), 'not compiled'")
 for i in $(seq "$ROUNDS"); do
     echo "== round $i: pure Python (HEAD)"
     "$PY" scripts/floor_xp_op.py
     echo "== round $i: mypyc-compiled hot modules"
-    PYTHONPATH=$TMP "$PY" scripts/floor_xp_op.py
+    (cd "$TMP" && PYTHONPATH=$TMP "$PY" scripts/floor_xp_op.py)
 done

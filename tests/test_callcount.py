@@ -6,8 +6,13 @@ synchronous op <= 150 calls, the async API's ``await (a + a).get()`` <= 100)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
+import pytest
 from gpuremote.bench.calls import count_calls, count_calls_async
 
 import gpuremote
@@ -58,3 +63,26 @@ def test_an_async_synchronous_op_makes_at_most_so_many_python_calls() -> None:
     with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
         counted = runner.run(main())
     assert counted["python_calls_per_op"] <= ASYNC_SYNC_OP_CEILING, counted
+
+
+def test_the_floor_script_measures_the_three_and_splits_gpuremote_by_layer() -> None:
+    """``scripts/floor_xp_op.py`` (the op beside NumPy and a bare skeleton of its round trip)
+    runs; the three agree on the result (it checks), and the layers add up to the op."""
+    script = Path(__file__).parent.parent / "scripts" / "floor_xp_op.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--rounds", "1", "--number", "50", "--json", "--layers"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    out = json.loads(proc.stdout)
+    assert set(out) == {"numpy", "skeleton", "gpuremote_xp", "layers_us"}
+    for case in ("numpy", "skeleton", "gpuremote_xp"):
+        assert out[case]["us_per_op"] > 0 and out[case]["python_calls_per_op"] > 0
+    # the skeleton does a fraction of gpuremote's Python calls (its point: the floor)
+    assert out["skeleton"]["python_calls_per_op"] < out["gpuremote_xp"]["python_calls_per_op"]
+    layers = out["layers_us"]
+    backend = layers.pop("proxy: of which the backend's op (NumPy)")
+    assert 0 <= backend <= layers["proxy: run the commands (executor, state, backend)"]
+    assert sum(layers.values()) == pytest.approx(out["gpuremote_xp"]["us_per_op"], rel=0.01)
