@@ -16,8 +16,6 @@ an array's bytes within ``MAX_SIZE``) would still be Python's.
 
 from __future__ import annotations
 
-import cProfile
-import pstats
 import statistics
 import sys
 import time
@@ -25,6 +23,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 import numpy as np
+from gpuremote.bench.calls import count_calls
 from gpuremote.transports.inproc import InprocConnection
 
 import gpuremote.xp as gx
@@ -148,13 +147,7 @@ def _median_us(fn: Any, n: int = 20_000, rounds: int = 7) -> float:
 
 
 def _calls(fn: Any, n: int = 1000) -> float:
-    p = cProfile.Profile()
-    p.enable()
-    for _ in range(n):
-        fn()
-    p.disable()
-    stats: dict[Any, Any] = pstats.Stats(p).stats  # type: ignore[attr-defined]
-    return sum(v[1] for v in stats.values()) / n
+    return count_calls(fn, n)["python_calls_per_op"]
 
 
 def main() -> None:

@@ -31,6 +31,7 @@ from typing import Any
 
 import msgspec
 import numpy as np
+from gpuremote.bench.calls import count_calls
 
 import gpuremote.xp as gx
 
@@ -137,13 +138,7 @@ def _per_op_us(fn: Callable[[], Any], rounds: int, number: int) -> float:
 
 
 def _calls_per_op(fn: Callable[[], Any], n: int = 500) -> float:
-    profile = cProfile.Profile()
-    profile.enable()
-    for _ in range(n):
-        fn()
-    profile.disable()
-    stats: dict[Any, Any] = pstats.Stats(profile).stats  # type: ignore[attr-defined]
-    return sum(s[1] for s in stats.values()) / n
+    return count_calls(fn, n)["python_calls_per_op"]
 
 
 #: gpuremote's layers on the xp op's path, by the entry points whose cumulative time is theirs
@@ -165,11 +160,9 @@ _ENTRIES = {
 
 def _layers(fn: Callable[[], Any], us_per_op: float, n: int = 2000) -> dict[str, float]:
     """Microseconds per op by layer (see ``_ENTRIES``)."""
-    profile = cProfile.Profile()
-    profile.enable()
-    for _ in range(n):
-        fn()
-    profile.disable()
+    with cProfile.Profile() as profile:
+        for _ in range(n):
+            fn()
     stats: dict[Any, Any] = pstats.Stats(profile).stats  # type: ignore[attr-defined]
     total = sum(s[2] for s in stats.values())  # own times add up to the whole
 
