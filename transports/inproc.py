@@ -32,8 +32,6 @@ import time
 from collections import deque
 from typing import Any
 
-import numpy as np
-
 from gpuremote.errors import ConnectionClosed
 from gpuremote.wire.framing import Frame, as_bytes_view, check_frame
 
@@ -86,10 +84,8 @@ class InprocConnection(FramedConnection):
         if not frame.buffers:
             self._peer._deliver(frame)
             return
-        if self.copy:
-            buffers = [
-                np.frombuffer(as_bytes_view(b), dtype=np.uint8).copy().data for b in frame.buffers
-            ]
+        if self.copy:  # a copy of its own, writable, as a socket's reader would have
+            buffers = [memoryview(bytearray(as_bytes_view(b))) for b in frame.buffers]
         else:
             buffers = [as_bytes_view(x).toreadonly() for x in frame.buffers]
         self._peer._deliver(Frame(frame.meta, buffers))
