@@ -121,6 +121,57 @@ def test_a_synchronous_xp_op_wakes_no_helper_thread(monkeypatch: Any) -> None:
     # waiting call may still wake it)
 
 
+def test_a_synchronous_xp_op_arranges_no_send_of_its_own(monkeypatch: Any) -> None:
+    """Its posts go in the frame of its waiting call, which comes right after them: no loop
+    callback is arranged to send them (one was made, and cancelled, per op)."""
+    device = gx.connect_local("numpy")
+    calls = 0
+    try:
+        x = gx.asarray(np.arange(16, dtype=np.float32), device=device)
+        for _ in range(20):
+            float(gx.sum(x + 1.0))
+        loop_type = type(device._loop)
+        real = loop_type.call_soon
+
+        def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(loop_type, "call_soon", counted)
+        for _ in range(50):
+            assert float(gx.sum(x + 1.0)) == 136.0
+        monkeypatch.undo()
+    finally:
+        device.close()
+    assert calls == 0
+
+
+def test_posts_taken_by_a_call_that_then_fails_are_still_sent(monkeypatch: Any) -> None:
+    """A waiting call takes the posts before it, then fails before sending its frame: what
+    it took goes at the loop's next turn, as a post would have."""
+    device = gx.connect_local("numpy")
+    try:
+        x = gx.asarray(np.arange(16, dtype=np.float32), device=device)
+        float(gx.sum(x))
+        session = device.session
+        y = x + 1.0  # posted
+
+        def refused(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("refused")
+
+        monkeypatch.setattr(session, "start_call", refused)
+        with pytest.raises(RuntimeError, match="refused"):
+            float(gx.sum(y))  # takes the posts, then fails
+        monkeypatch.undo()
+        sent = session.counters.frames_sent
+        device._run(device._noop())  # a loop turn, and no call
+        assert session.counters.frames_sent == sent + 1
+        assert float(gx.sum(y)) == 136.0
+    finally:
+        device.close()
+
+
 def test_the_sync_driver_under_an_event_loop_policy_without_run_once() -> None:
     """A program that installed uvloop's policy gets uvloop's loop for the device: the
     driver waits for replies with ``run_until_complete`` there (its own loop turning needs

@@ -23,6 +23,7 @@ from gpuremote.wire.protocol import (
     Command,
     ErrorInfo,
     Reply,
+    array_desc,
     check_array,
     decode_replies,
     decode_request,
@@ -282,8 +283,9 @@ def test_fatal_message_is_not_a_reply() -> None:
 
 
 def test_array_desc_nbytes() -> None:
-    d = ArrayDesc(1, 0, (3, 4), np.dtype("float64"))
-    assert d.nbytes == 96
+    d = array_desc(1, 0, (3, 4), np.dtype("float64"))
+    assert d.nbytes == 96 and d == ArrayDesc(1, 0, (3, 4), np.dtype("float64"), 96)
+    assert check_array([1, 0, [3, 4], "float64"], "a", FrameLimits()) == d
 
 
 def test_array_descriptors_are_checked_with_exact_types_every_time() -> None:

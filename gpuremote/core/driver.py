@@ -281,8 +281,9 @@ class SyncDriver:
             self._woken = True
             self._wake.set()
 
-    def _drain(self) -> None:
-        """On the loop: hand everything posted to the session, in order."""
+    def _drain(self, then_call: bool = False) -> None:
+        """On the loop: hand everything posted to the session, in order (``then_call``: a
+        call that waits is started right after, and sends it all)."""
         session = self.session
         posted, submit, release = self._posted, session.submit, session.defer_free
         freed = self._freed
@@ -296,7 +297,7 @@ class SyncDriver:
                 if item[0] is _FREE:  # goes with the session's next frees, before what follows
                     release(*item[2])
                 else:
-                    submit(*item)
+                    submit(*item, then_call=then_call)
             except Exception as exc:
                 if self._error is None:
                     self._error = exc
@@ -333,11 +334,15 @@ class SyncDriver:
     ) -> asyncio.Future[tuple[Any, list[memoryview]]]:
         """Hand the posts to the session, raise a deferred error, send the call."""
         self._delay_s = self._nudge_s
-        self._drain()
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-        return self.session.start_call(spec, 0, args, buffer)
+        self._drain(then_call=True)
+        try:
+            if self._error is not None:
+                error, self._error = self._error, None
+                raise error
+            return self.session.start_call(spec, 0, args, buffer)
+        except BaseException:  # the call did not send what was drained: the next turn does
+            self._loop.create_task(self._send_posted())
+            raise
 
     async def _call(
         self, spec: CallSpec, args: list[Any], buffer: memoryview | None = None

@@ -71,6 +71,14 @@ REDUCTIONS: dict[str, tuple[str, str]] = {
 #: reductions that NumPy and CuPy compute with the standard's meaning straight into an output
 #: of the result's dtype (no temporary, no copy)
 _DIRECT = frozenset({"sum", "prod", "max", "min", "mean"})
+#: NumPy's ufuncs behind those of them that are one ufunc's reduce (``np.sum`` is
+#: ``np.add.reduce`` behind a Python wrapper of a few microseconds)
+_UFUNC_OF: dict[str, np.ufunc] = {
+    "sum": np.add,
+    "prod": np.multiply,
+    "max": np.maximum,
+    "min": np.minimum,
+}
 
 
 def _make_reduction(name: str, category: str, result: str) -> None:
@@ -106,6 +114,7 @@ def _make_reduction(name: str, category: str, result: str) -> None:
 
     run = None
     if name in _DIRECT:
+        ufunc = _UFUNC_OF.get(name)
 
         def run(xp: Any, ins: Sequence[Any], outs: Sequence[Any], params: Params) -> None:
             x, out = ins[0], outs[0]
@@ -113,11 +122,13 @@ def _make_reduction(name: str, category: str, result: str) -> None:
                 write(outs, call(namespace(xp), ins, params))
                 return
             axis = params.get("axis")
-            kw: dict[str, Any] = {
-                "axis": tuple(axis) if type(axis) is list else axis,
-                "keepdims": bool(params.get("keepdims", False)),
-                "out": out,
-            }
+            if type(axis) is list:
+                axis = tuple(axis)
+            keepdims = bool(params.get("keepdims", False))
+            if ufunc is not None and xp is np:  # the reduce that np.sum etc. wrap, called as is
+                ufunc.reduce(x, axis, out.dtype, out, keepdims=keepdims)
+                return
+            kw: dict[str, Any] = {"axis": axis, "keepdims": keepdims, "out": out}
             if result == "sum":
                 kw["dtype"] = out.dtype
             getattr(xp, name)(x, **kw)

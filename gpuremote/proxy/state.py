@@ -251,12 +251,19 @@ class SessionState:
         self.nbytes[handle] = nbytes
         self.device_bytes += nbytes
 
-    def alloc_outputs(self, outputs: tuple[ArrayDesc, ...]) -> None:
-        """The buffers of a ``launch_new``'s outputs (each fills its buffer)."""
+    def alloc_outputs(self, outputs: tuple[ArrayDesc, ...]) -> list[Any]:
+        """The buffers of a ``launch_new``'s outputs (each fills its buffer); returns their
+        views (as ``resolve`` would)."""
+        views = []
         for d in outputs:
             if d.offset != 0:
                 raise CallFailed("launch_new outputs must start their buffer (offset 0)")
-            self.alloc(d.handle, d.nbytes)
+            handle = d.handle
+            self.alloc(handle, d.nbytes)
+            v = self.backend.view(self.buffers[handle], 0, d.shape, d.dtype)
+            self.views[handle] = {d: v}
+            views.append(v)
+        return views
 
     def adopt(self, handle: int, buf: Any, nbytes: int) -> None:
         """``buf`` (made by the backend, ``nbytes``) is buffer ``handle`` now."""

@@ -78,8 +78,18 @@ class Session(Protocol):
     def new_handle(self) -> int: ...
     def count_local(self, n: int = 1, shadow_bytes: int = 0) -> None: ...
     def submit(
-        self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None = None
-    ) -> None: ...
+        self,
+        spec: CallSpec,
+        stream: int,
+        args: list[Any],
+        buffer: memoryview | None = None,
+        *,
+        then_call: bool = False,
+    ) -> None:
+        """Queue an ASYNC call. ``then_call``: the caller starts a call that waits right
+        after (``start_call`` sends all that is queued), so no later send need be arranged."""
+        ...
+
     def start_call(
         self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None = None
     ) -> asyncio.Future[Reply]: ...

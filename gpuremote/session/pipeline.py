@@ -227,9 +227,17 @@ class ClientSession:
         return [seq, spec.opcode, stream, args, ack]
 
     def submit(
-        self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None = None
+        self,
+        spec: CallSpec,
+        stream: int,
+        args: list[Any],
+        buffer: memoryview | None = None,
+        *,
+        then_call: bool = False,
     ) -> None:
-        """Queue an ASYNC call; returns at once."""
+        """Queue an ASYNC call; returns at once. It is sent with the frame of the next call
+        that waits, or once the batch is full, or at the loop's next turn (not arranged with
+        ``then_call``: a call that waits comes right after)."""
         self.check_open()
         self.counters.calls["async"] += 1
         if self._to_free and (
@@ -258,7 +266,7 @@ class ClientSession:
             )
         ):
             self._flush_now()
-        elif self._flush_scheduled is None:
+        elif self._flush_scheduled is None and not then_call:
             if cfg.flush_delay_us:
                 self._flush_scheduled = self._loop.call_later(
                     cfg.flush_delay_us / 1e6, self._flush_callback

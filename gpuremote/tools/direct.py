@@ -25,7 +25,7 @@ from ..proxy.executor import Executor
 from ..session.contract import Counters, Recorder, Reply
 from ..wire.calls import BUFFER, CALLS_BY_NAME, Arg, CallSpec
 from ..wire.framing import byte_view
-from ..wire.protocol import DTYPES, ArrayDesc, Command, TensorDesc, decode_step
+from ..wire.protocol import DTYPES, ArrayDesc, Command, TensorDesc, array_desc, decode_step
 
 __all__ = ["DirectSession", "TraceEntry", "connect_direct", "connect_torch", "trace_of"]
 
@@ -53,7 +53,7 @@ class TraceEntry:
 
 def _desc(wire: list[Any]) -> ArrayDesc:
     handle, offset, shape, dtype = wire
-    return ArrayDesc(handle, offset, tuple(shape), DTYPES[dtype])
+    return array_desc(handle, offset, tuple(shape), DTYPES[dtype])
 
 
 def _direct_args(spec: CallSpec, args: list[Any]) -> tuple[Any, ...]:
@@ -169,7 +169,13 @@ class DirectSession:
         return result
 
     def submit(
-        self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None = None
+        self,
+        spec: CallSpec,
+        stream: int,
+        args: list[Any],
+        buffer: memoryview | None = None,
+        *,
+        then_call: bool = False,
     ) -> None:
         self._run(spec, stream, [a if a is not BUFFER else 0 for a in args], buffer)
 

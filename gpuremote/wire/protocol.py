@@ -64,6 +64,7 @@ __all__ = [
     "Reply",
     "StepProgram",
     "TensorDesc",
+    "array_desc",
     "check_encodable",
     "decode_greeting",
     "decode_message",
@@ -113,19 +114,23 @@ DTYPES: dict[str, np.dtype[Any]] = {
 
 
 class ArrayDesc(NamedTuple):
-    """A C-contiguous array in a device buffer: ``offset`` bytes into buffer ``handle``."""
+    """A C-contiguous array in a device buffer: ``offset`` bytes into buffer ``handle``;
+    ``nbytes``, its size, is derived from ``shape`` and ``dtype`` (``array_desc`` makes one
+    from the four; a decoded descriptor has it from its check)."""
 
     handle: int
     offset: int
     shape: tuple[int, ...]
     dtype: np.dtype[Any]
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * self.dtype.itemsize
+    nbytes: int
 
     def encode(self) -> list[Any]:
         return [self.handle, self.offset, list(self.shape), self.dtype.name]
+
+
+def array_desc(handle: int, offset: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> ArrayDesc:
+    """The ``ArrayDesc`` of ``shape``/``dtype`` at ``offset`` bytes into buffer ``handle``."""
+    return ArrayDesc(handle, offset, shape, dtype, math.prod(shape) * dtype.itemsize)
 
 
 #: the dtypes a strided tensor (``TensorDesc``) may have, by torch's name: their item sizes
@@ -487,9 +492,10 @@ def check_array(v: Any, name: str, lim: FrameLimits) -> ArrayDesc:
     dt = DTYPES.get(dtype) if type(dtype) is str else None
     if dt is None:
         raise BadCommand(f"argument {name!r}: unsupported dtype {dtype!r:.40}")
-    if size * dt.itemsize > MAX_SIZE:
+    nbytes = size * dt.itemsize
+    if nbytes > MAX_SIZE:
         raise BadCommand(f"argument {name!r} is too large")
-    return ArrayDesc(handle, offset, tuple(shape), dt)
+    return ArrayDesc(handle, offset, tuple(shape), dt, nbytes)
 
 
 def _check_array(v: Any, name: str, ctx: DecodeContext) -> ArrayDesc:

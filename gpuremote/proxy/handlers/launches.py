@@ -3,6 +3,7 @@ outputs, into new ones, with data-dependent outputs) and user kernels."""
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 from ...errors import UnknownHandle
@@ -33,24 +34,28 @@ def check_launch(
     return op
 
 
-def launch(
+#: what a launch's checks see of an array: its shape and dtype (not where it lies)
+_META = operator.itemgetter(2, 3)
+
+
+def _checked_op(
     s: SessionState,
-    ctx: BatchContext,
     op_name: str,
     inputs: tuple[ArrayDesc, ...],
     outputs: tuple[ArrayDesc, ...],
     params: dict[str, Any],
-) -> None:
-    # the op's checks depend on shapes, dtypes and params only: run them once per
-    # signature (per session, bounded), then only resolve the handles
+) -> Any:
+    """``check_launch``, once per signature (per session, bounded): the op's checks depend
+    on shapes, dtypes and params only."""
     checked = s.checked_launches
     try:
         key: Any = (
             op_name,
-            *[d[2:] for d in inputs],
+            *map(_META, inputs),
             None,
-            *[d[2:] for d in outputs],
-            *[(k, type(v), v) for k, v in params.items()],  # exact types: 1 is not True
+            *map(_META, outputs),
+            *params.items(),
+            *map(type, params.values()),  # exact types: 1 is not True
         )
         op = checked.get(key)
     except TypeError:  # list-valued params are not hashable: check every time
@@ -61,6 +66,18 @@ def launch(
             if len(checked) >= 4096:
                 checked.clear()
             checked[key] = op
+    return op
+
+
+def launch(
+    s: SessionState,
+    ctx: BatchContext,
+    op_name: str,
+    inputs: tuple[ArrayDesc, ...],
+    outputs: tuple[ArrayDesc, ...],
+    params: dict[str, Any],
+) -> None:
+    op = _checked_op(s, op_name, inputs, outputs, params)
     resolve = s.resolve
     ins = [resolve(d) for d in inputs]
     outs = [resolve(d) for d in outputs]
@@ -77,8 +94,13 @@ def launch_new(
     outputs: tuple[ArrayDesc, ...],
     params: dict[str, Any],
 ) -> None:
-    s.alloc_outputs(outputs)
-    launch(s, ctx, op_name, inputs, outputs, params)
+    outs = s.alloc_outputs(outputs)  # (made even if the launch then fails: the client frees)
+    op = _checked_op(s, op_name, inputs, outputs, params)
+    resolve = s.resolve
+    ins = [resolve(d) for d in inputs]
+    if ctx.batch is None:
+        ctx.computing(s.backend)
+    s.backend.run_op(op, ins, outs, params, ctx.stream)
 
 
 def launch_dynamic(

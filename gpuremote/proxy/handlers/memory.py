@@ -69,8 +69,8 @@ def copy_d2h(s: SessionState, ctx: BatchContext, src: ArrayDesc) -> Any:
 def copy_d2d(s: SessionState, ctx: BatchContext, dst: ArrayDesc, src: ArrayDesc) -> None:
     if dst.nbytes != src.nbytes:
         raise CallFailed(f"copy_d2d of {src.nbytes} bytes into {dst.nbytes} bytes")
-    d = s.resolve(ArrayDesc(dst.handle, dst.offset, (dst.nbytes,), _U8))
-    r = s.resolve(ArrayDesc(src.handle, src.offset, (src.nbytes,), _U8))
+    d = s.resolve(ArrayDesc(dst.handle, dst.offset, (dst.nbytes,), _U8, dst.nbytes))
+    r = s.resolve(ArrayDesc(src.handle, src.offset, (src.nbytes,), _U8, src.nbytes))
     s.backend.copy(d, r, ctx.stream)
 
 

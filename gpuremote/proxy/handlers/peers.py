@@ -28,7 +28,7 @@ def peer_export(s: SessionState, ctx: BatchContext, src: ArrayDesc) -> str:
             f"exporting {nbytes} bytes would exceed this session's limit of "
             f"{s.limits.max_device_bytes} device bytes"
         )
-    data = s.resolve(ArrayDesc(src.handle, src.offset, (nbytes,), _U8))
+    data = s.resolve(ArrayDesc(src.handle, src.offset, (nbytes,), _U8, nbytes))
     copy = s.backend.alloc(nbytes, s.stream0)
     s.backend.copy(s.backend.view(copy, 0, (nbytes,), _U8), data, ctx.stream)
     s.backend.synchronize(ctx.stream)  # the reader uses a stream of its own

@@ -129,9 +129,16 @@ class FailoverSession:
         return False  # a wait may outlive the session it started on
 
     def submit(
-        self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None = None
+        self,
+        spec: CallSpec,
+        stream: int,
+        args: list[Any],
+        buffer: memoryview | None = None,
+        *,
+        then_call: bool = False,
     ) -> None:
-        """Queue an ASYNC call (journaled; sent at once unless the session is moving)."""
+        """Queue an ASYNC call (journaled; sent at once unless the session is moving).
+        ``then_call`` is not passed on: the inner session may change before the call."""
         if self.error is not None or self.closing:
             self.check_open()
         inner = self.inner
