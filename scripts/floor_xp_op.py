@@ -155,8 +155,7 @@ def _layers(host: np.ndarray[Any, Any], n: int = 20_000) -> dict[str, float]:
     entries = {
         "send": (InprocConnection, "send"),
         "proxy": (session.ProxySession, "on_frame"),
-        "decode_message": (session, "decode_message"),
-        "decode_request": (session, "decode_request"),
+        "decode": (session, "decode_batch"),
         "execute": (executor.Executor, "execute"),
         "backend": (NumpyBackend, "run_op"),
         "reply": (session.ProxySession, "deliver"),
@@ -199,7 +198,7 @@ def _layers(host: np.ndarray[Any, Any], n: int = 20_000) -> dict[str, float]:
         for label, (owner, name) in entries.items():
             setattr(owner, name, saved[label])
     us = {k: v / n / 1000 for k, v in spent.items()}
-    decode = us["decode_message"] + us["decode_request"]
+    decode = us["decode"]
     return {
         "total, as timed (with the wrappers)": total / n / 1000,
         "client: front end, array core, pipeline, driver": total / n / 1000 - us["send"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import msgpack
@@ -25,11 +26,14 @@ from gpuremote.wire.protocol import (
     Reply,
     array_desc,
     check_array,
+    decode_batch,
+    decode_message,
     decode_replies,
     decode_request,
     encode_fatal,
     encode_replies,
     encode_request,
+    request_local_calls,
 )
 
 WIRE = [c for c in CALLS if c.klass is not CallClass.LOCAL]
@@ -295,3 +299,218 @@ def test_array_descriptors_are_checked_with_exact_types_every_time() -> None:
     for bad in ([1.0, 0, [4], "float32"], [1, False, [4], "float32"], [1, 0, [4.0], "float32"]):
         with pytest.raises(BadCommand):
             check_array(bad, "x", FrameLimits())
+
+
+# -- the typed lane ---------------------------------------------------------------------------
+#: values put in place of a part of a frame: the wrong type, each limit and one past it
+junk = st.one_of(
+    st.integers(-(2**63), 2**64 - 1),
+    st.floats(allow_nan=False),
+    st.booleans(),
+    st.none(),
+    st.text(max_size=4),
+    st.binary(max_size=3),
+    st.lists(st.integers(-2, 3), max_size=3),
+    st.dictionaries(st.text(max_size=2), st.integers(0, 2), max_size=2),
+    st.sampled_from(
+        [-1, 0, 1, 2, 3, 1 << 62, (1 << 62) + 1, (1 << 63) - 1, 1 << 63, 1 << 31, (1 << 31) + 1]
+    ),
+    st.sampled_from(["", "x" * 128, "x" * 129, "float64", "float65", [0] * 64, [0] * 65]),
+    st.sampled_from([[1] * 256, [1] * 257, [True], [1.0], {"k" * 129: 1}, {1: 1}, [[1]]]),
+)
+
+
+def _slots(x: Any, out: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    """Every (container, key) of a message, nested ones too."""
+    items = enumerate(x) if type(x) is list else x.items() if type(x) is dict else ()
+    for k, v in list(items):
+        out.append((x, k))
+        _slots(v, out)
+    return out
+
+
+@st.composite
+def request_frames(draw: Any) -> tuple[Frame, FrameLimits]:
+    """Request frames of any calls, as the client sends them or with parts replaced by junk
+    (a few of them), under the default limits or tight ones."""
+    cmds, arrays, _ = draw(commands())
+    msg: list[Any] = copy.deepcopy([REQUEST, arrays, cmds])  # (the strategies share values)
+    if draw(st.booleans()):
+        msg.append(copy.deepcopy(draw(st.one_of(st.integers(0, 5), junk))))
+    for _ in range(draw(st.integers(0, 3))):
+        slots = _slots(msg, [])
+        container, key = slots[draw(st.integers(0, len(slots) - 1))]
+        container[key] = copy.deepcopy(draw(junk))  # (sampled values are shared)
+    limits = draw(
+        st.sampled_from([FrameLimits(), FrameLimits(max_commands=3), FrameLimits(max_ndim=2)])
+    )
+    meta = msgpack.packb(msg, use_bin_type=True)
+    return Frame(meta, [memoryview(b"x")] * draw(st.integers(0, 2))), limits
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, and of the same types all the way down (``1``, ``1.0`` and ``True`` differ)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, tuple | list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    return bool(a == b)
+
+
+def _one_at_a_time(frame: Frame, limits: FrameLimits) -> Any:
+    try:
+        msg = decode_message(frame)
+        return decode_request(frame, limits, msg), request_local_calls(msg)
+    except (RemoteProtocolError, LimitExceeded) as exc:
+        return exc
+
+
+@given(request_frames())
+@settings(max_examples=1500, deadline=None)
+def test_the_typed_lane_decodes_as_the_checks_one_at_a_time_do(case: Any) -> None:
+    """A frame the typed lane takes gives what ``decode_request`` gives, to the types; any
+    other goes to ``decode_request``, which says what is wrong with it."""
+    from gpuremote.wire import protocol
+
+    frame, limits = case
+    expected = _one_at_a_time(frame, limits)
+    try:
+        typed = protocol._decode_typed(frame, limits)
+    except Exception as exc:
+        assert isinstance(exc, protocol._NOT_TYPED), exc
+    else:
+        assert not isinstance(expected, Exception), expected
+        assert _same(typed, expected)
+    if isinstance(expected, Exception):
+        with pytest.raises(type(expected)):
+            decode_batch(frame, limits)
+    else:
+        assert _same(decode_batch(frame, limits), expected)
+
+
+def test_the_typed_lane_takes_the_frames_of_the_hot_path() -> None:
+    """An xp op's frame (two launches, the frees, a read) and a copy to the device are
+    decoded by the typed lane, not by the checks one at a time."""
+    from gpuremote.wire import protocol
+
+    op = {c.name: c.opcode for c in WIRE}
+    arrays = [[1, 0, [16], "float32"], [7, 0, [16], "float32"], [8, 0, [], "float32"]]
+    cmds = [
+        [1, op["launch_new"], 0, ["add", [0], [1], {"scalar": 1.0}], False],
+        [2, op["launch_new"], 0, ["sum", [1], [2], {"axis": None, "keepdims": False}], False],
+        [3, op["free_buffers"], 0, [[5, 6]], False],
+        [4, op["copy_h2d"], 0, [0, 0], True],
+        [5, op["copy_d2h"], 0, [2], False],
+    ]
+    frame = encode_request(cmds, [memoryview(b"x" * 64)], arrays, 3)
+    typed, local = protocol._decode_typed(frame, FrameLimits())
+    assert local == 3 and _same(typed, decode_request(frame))
+    assert [c.ack for c in typed] == [False, False, False, True, False]  # type: ignore[union-attr]
+
+
+_OP = {c.name: c.opcode for c in WIRE}
+_MAX = (1 << 63) - 1, 1 << 62  # MAX_HANDLE, MAX_SIZE
+
+
+def _hot_frame() -> list[Any]:
+    return [
+        REQUEST,
+        [[1, 0, [16], "float32"], [7, 0, [16], "float32"], [8, 0, [], "float32"]],
+        [
+            [1, _OP["launch_new"], 0, ["add", [0], [1], {"scalar": 1.0}], False],
+            [2, _OP["launch"], 0, ["sum", [1], [2], {"axis": None, "keepdims": False}], False],
+            [3, _OP["free_buffers"], 0, [[5, 6]], False],
+            [4, _OP["copy_h2d"], 0, [0, 0], True],
+            [5, _OP["memset"], 0, [7, 0, 64, 0], False],
+            [6, _OP["peer_read"], 0, ["ticket"], False],
+            [7, _OP["copy_d2h"], 0, [2], False],
+        ],
+        0,
+    ]
+
+
+def _at(path: tuple[Any, ...], value: Any) -> list[Any]:
+    msg = _hot_frame()
+    *inner, last = path
+    target: Any = msg
+    for k in inner:
+        target = target[k]
+    target[last] = value
+    return msg
+
+
+_C = 2  # the commands, in a message
+#: (where in the hot frame, what there): each limit, one past it, and the wrong types
+_EDGES = [
+    *[((_C, 0, 3, 0), v) for v in ("", "x" * 128, "x" * 129, 5, b"add")],  # an op's name
+    *[((_C, 0, 3, 3), {k: 1}) for k in ("", "k" * 128, "k" * 129)],  # a param's key
+    *[
+        ((_C, 0, 3, 3), {"scalar": v})
+        for v in (
+            "v" * 128,
+            "v" * 129,
+            [1] * 256,
+            [1] * 257,
+            [True],
+            [1.0],
+            [],
+            {"a": 1},
+            (1 << 64) - 1,
+            -(1 << 63),
+            -1,
+            1.5,
+            None,
+            True,
+            b"x",
+            [[1]],
+        )
+    ],
+    ((_C, 0, 3, 3), {str(i): i for i in range(32)}),
+    ((_C, 0, 3, 3), {str(i): i for i in range(33)}),
+    ((_C, 0, 3, 3), {1: 1}),
+    ((_C, 0, 3, 3), []),
+    *[((_C, 0, 3, 1), v) for v in ([0] * 64, [0] * 65, [-1], [3], [True], [1.0], 0, [])],
+    *[((_C, 2, 3, 0), v) for v in ([0] * 64, [0] * 65, [-1], [_MAX[0]], [_MAX[0] + 1], [True])],
+    *[((_C, 1, 2), v) for v in (-1, _MAX[0], _MAX[0] + 1, True, 1.0)],  # a stream
+    *[((_C, 1, 0), v) for v in (True, 1.5, "1", -1, (1 << 64) - 1)],  # a seq
+    *[((_C, 1, 4), v) for v in (2, 1, 3, 0, None, "x", 1.0)],  # the last item: ack, OWN
+    *[((_C, 1, 3), v) for v in ([], ["sum", [1], [2]], {"a": 1}, None)],  # the arguments
+    *[((_C, 3, 3, 1), v) for v in (0, 1, -1, True)],  # a buffer index (one buffer)
+    *[((_C, 4, 3, 2), v) for v in (_MAX[1], _MAX[1] + 1, -1, 1.0)],  # a size
+    *[((_C, 5, 3, 0), v) for v in ("t" * (1 << 20), "t" * ((1 << 20) + 1), "", 1)],  # a text
+    *[((_C, 6, 3, 0), v) for v in (2, 3, -1, None)],  # an array index
+    *[((_C, 6), v) for v in ([7, 13, 0, [2]], [7, 13, 0, [2], False, 1], 7, [])],
+    *[((3,), v) for v in (-1, None, "x", 5, True, 1.5, [1])],  # the LOCAL calls count
+    *[((1, 0, 0), v) for v in (-1, _MAX[0], _MAX[0] + 1, True)],  # a descriptor's handle
+    *[((1, 0, 1), v) for v in (_MAX[1], _MAX[1] + 1, -1)],  # its offset
+    *[((1, 0, 2), v) for v in ([_MAX[1]], [_MAX[1] + 1], [1] * 32, [1] * 33, [1 << 62, 2])],
+    *[((1, 0, 3), v) for v in ("float65", 5, "", "bfloat16")],  # its dtype
+    *[((1, 2), v) for v in (None, [8, 0, []], [8, 0, [], "float32", 1], 5)],  # a descriptor
+    ((1,), [[i, 0, [1], "uint8"] for i in range(65)]),
+    ((0,), 2),
+]
+
+
+@pytest.mark.parametrize(("where", "value"), _EDGES)
+@pytest.mark.parametrize("limits", [FrameLimits(), FrameLimits(max_commands=7, max_ndim=1)])
+def test_the_typed_lane_keeps_every_limit(where: Any, value: Any, limits: FrameLimits) -> None:
+    """Each limit, one past it, and the wrong types, in every part of a frame the typed lane
+    takes: what it gives is what the checks one at a time give."""
+    from gpuremote.wire import protocol
+
+    frame = Frame(msgpack.packb(_at(where, value), use_bin_type=True), [memoryview(b"x")])
+    expected = _one_at_a_time(frame, limits)
+    try:
+        typed = protocol._decode_typed(frame, limits)
+    except protocol._NOT_TYPED:
+        pass
+    else:
+        assert not isinstance(expected, Exception), expected
+        assert _same(typed, expected)
+    if isinstance(expected, Exception):
+        with pytest.raises(type(expected)):
+            decode_batch(frame, limits)
+    else:
+        assert _same(decode_batch(frame, limits), expected)

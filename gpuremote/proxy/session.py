@@ -37,12 +37,10 @@ from ..wire.protocol import (
     Command,
     ErrorInfo,
     Reply,
-    decode_message,
-    decode_request,
+    decode_batch,
     encode_fatal,
     encode_greeting,
     encode_replies,
-    request_local_calls,
 )
 from .deadlines import Deadlines
 from .devicequeue import DeviceQueue, Result, estimate_ns
@@ -254,8 +252,7 @@ class ProxySession:
         fig.frames_in += 1
         fig.bytes_in += frame.nbytes
         try:
-            msg = decode_message(frame)
-            commands = decode_request(frame, self.limits, msg)
+            commands, local_calls = decode_batch(frame, self.limits)
         except ProtocolError as exc:
             self.refuse(f"protocol error: {exc}")
             return
@@ -263,7 +260,7 @@ class ProxySession:
             return
         started = len(self._frame_started)
         try:
-            self._accept(frame, msg, commands, t0)
+            self._accept(frame, local_calls, commands, t0)
         except Exception as exc:  # the proxy's own fault: this batch fails, the session goes on
             while len(self._frame_started) > started:
                 self.received_bytes -= self._frame_started.pop()[1]
@@ -321,13 +318,12 @@ class ProxySession:
     def _accept(
         self,
         frame: Frame,
-        msg: list[Any],
+        local_calls: int | None,
         commands: list[Command | BadCommandAt],
         t0: int,
     ) -> None:
-        local = request_local_calls(msg)
-        if local is not None:
-            self.figures.local_calls = local
+        if local_calls is not None:
+            self.figures.local_calls = local_calls
         nbytes = 0
         for b in frame.buffers:
             nbytes += b.nbytes
