@@ -78,12 +78,7 @@ def launch(
     params: dict[str, Any],
 ) -> None:
     op = _checked_op(s, op_name, inputs, outputs, params)
-    resolve = s.resolve
-    ins = [resolve(d) for d in inputs]
-    outs = [resolve(d) for d in outputs]
-    if ctx.batch is None:
-        ctx.computing(s.backend)
-    s.backend.run_op(op, ins, outs, params, ctx.stream)
+    _run(s, ctx, op, inputs, [s.resolve(d) for d in outputs], params)
 
 
 def launch_new(
@@ -95,7 +90,18 @@ def launch_new(
     params: dict[str, Any],
 ) -> None:
     outs = s.alloc_outputs(outputs)  # (made even if the launch then fails: the client frees)
-    op = _checked_op(s, op_name, inputs, outputs, params)
+    _run(s, ctx, _checked_op(s, op_name, inputs, outputs, params), inputs, outs, params)
+
+
+def _run(
+    s: SessionState,
+    ctx: BatchContext,
+    op: Any,
+    inputs: tuple[ArrayDesc, ...],
+    outs: list[Any],
+    params: dict[str, Any],
+) -> None:
+    """Run checked ``op`` on ``inputs`` into the views ``outs``."""
     resolve = s.resolve
     ins = [resolve(d) for d in inputs]
     if ctx.batch is None:
