@@ -225,7 +225,7 @@ def _moved(handle: int, offset: int, binds: Binds) -> tuple[int, int] | None:
 
 def _desc(d: ArrayDesc, binds: Binds) -> ArrayDesc:
     m = _moved(d.handle, d.offset, binds)
-    return d if m is None else d._replace(handle=m[0], offset=m[1])
+    return d if m is None else ArrayDesc(m[0], m[1], d.shape, d.dtype, d.nbytes)
 
 
 def _tensor(t: TensorDesc, binds: Binds) -> TensorDesc:

@@ -847,10 +847,14 @@ class _NotTyped(Exception):
     """The typed lane does not take this frame as it is: ``decode_request`` decodes it."""
 
 
-def _typed_args(spec: CallSpec) -> tuple[Callable[[Any], Any], tuple[tuple[int, Arg], ...]]:
+def _typed_args(
+    spec: CallSpec,
+) -> tuple[Callable[[Any], Any], tuple[tuple[int, Arg], ...]] | None:
+    """The typed decoding of ``spec``'s arguments and those to convert after it; None where
+    an argument's kind has no type here."""
     types = [_typed_arg(p) for p in spec.args]
     if None in types:
-        raise _NotTyped(spec.name)
+        return None
     convert = tuple(
         (i, p.kind)
         for i, p in enumerate(spec.args)
@@ -859,18 +863,12 @@ def _typed_args(spec: CallSpec) -> tuple[Callable[[Any], Any], tuple[tuple[int, 
     return msgspec.msgpack.Decoder(tuple[tuple(types)]).decode, convert  # type: ignore[misc]
 
 
-def _typed_table() -> dict[int, tuple[CallSpec, Any, tuple[tuple[int, Arg], ...]]]:
-    table = {}
-    for op, spec in CALLS_BY_OPCODE.items():
-        try:
-            table[op] = (spec, *_typed_args(spec))
-        except _NotTyped:
-            continue
-    return table
-
-
 #: opcode -> (call, the decoding of its arguments, the arguments to convert after it)
-_TYPED = _typed_table()
+_TYPED = {
+    op: (spec, *typed)
+    for op, spec in CALLS_BY_OPCODE.items()
+    if (typed := _typed_args(spec)) is not None
+}
 _decode_typed_request = msgspec.msgpack.Decoder(_TypedRequest).decode
 #: the calls whose arguments are a launch's (op, inputs, outputs, params): the hot path
 _LAUNCH_OPCODES = frozenset(
