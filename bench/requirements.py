@@ -397,7 +397,6 @@ class _Link:
         self.proxy, self.listener_name = proxy, listener_name
         self._cm: Any = None
         self.gpu: Any = None
-        self.awaited = 0.0
 
     async def __aenter__(self) -> _Link:
         from gpuremote.transports.inproc import listener
@@ -405,20 +404,10 @@ class _Link:
         self._cm = gpuremote.connect(self.url, **self.mode.connect)
         self.gpu = await self._cm.__aenter__()
         session: Any = self.gpu._session
-        self.conn = session.conn
+        self.session, self.conn = session, session.conn
         lst = listener(self.listener_name)
         assert lst is not None and lst.accepted, "no inproc connection to measure"
         self.proxy_end = lst.accepted[-1]  # connections are made one at a time: ours
-        call = session.call
-
-        async def timed_call(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return await call(*args, **kwargs)
-            finally:
-                self.awaited += time.perf_counter() - t0
-
-        session.call = timed_call  # on this instance: the time the client spends waiting
         await self.fn(self.gpu, **self.sizes)  # warm-up, uncounted
         return self
 
@@ -428,7 +417,7 @@ class _Link:
     def _snapshot(self) -> tuple[float, ...]:
         return (
             time.perf_counter(),
-            self.awaited,
+            self.session.call_s,  # the client in synchronous calls (sending, waiting)
             self.proxy_end.busy_s,
             self.proxy.backend.timing()[1],
             self.conn.late_own_s,

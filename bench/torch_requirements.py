@@ -151,17 +151,6 @@ class _Link:
         assert lst is not None and lst.accepted, "no inproc connection to measure"
         self.proxy_end = lst.accepted[-1]
         self.backend = self.driver._proxy.backend
-        self.awaited = 0.0
-        call = self.driver.call
-
-        def timed_call(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return call(*args, **kwargs)
-            finally:
-                self.awaited += time.perf_counter() - t0
-
-        self.driver.call = timed_call  # type: ignore[method-assign]
 
     def set(self, rtt_us: float, bw_gbit: float | None) -> None:
         self.conn.set_link(rtt_us * 1e-6, None if bw_gbit is None else bw_gbit * 1e9)
@@ -169,7 +158,7 @@ class _Link:
     def snapshot(self) -> tuple[float, ...]:
         return (
             time.perf_counter(),
-            self.awaited,
+            self.driver.call_s,  # the client in synchronous calls (sending, waiting)
             self.proxy_end.busy_s,
             self.backend.timing()[1],
             self.conn.late_own_s,

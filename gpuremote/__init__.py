@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import _native  # noqa: F401  (first: it picks the build of the hot modules)
 from .aio import run
 from .client import GPU, Event, Kernel, RemoteArray, Stream, connect
 from .config import PipelineConfig

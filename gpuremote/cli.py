@@ -524,6 +524,7 @@ def _add_options(parser: argparse.ArgumentParser, options: tuple[Option, ...]) -
 def build_parser() -> argparse.ArgumentParser:
     """The ``gpuremote`` command's parser: ``COMMANDS``, then ``bench``."""
     p = argparse.ArgumentParser(prog="gpuremote", description="GPU API remoting")
+    p.add_argument("--version", action="version", version=_version())
     sub = p.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         c = sub.add_parser(command.name, help=command.help)
@@ -538,6 +539,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub)
     return p
+
+
+def _version() -> str:
+    """The version, and which build of the hot modules runs (compiled by mypyc, or Python)."""
+    from . import __version__, _native
+
+    why = _native.pure_reason()
+    return f"gpuremote {__version__} (hot path: {_native.build()}{f'; {why}' if why else ''})"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

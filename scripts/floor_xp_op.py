@@ -15,24 +15,33 @@ accounting: everything gpuremote does beyond it is the cost of those.
 Reports medians of ``--rounds`` batches of ``--number`` ops (microseconds per op) and the
 Python calls per op from cProfile, for each of the three, measured in the same run; and with
 ``--layers``, where gpuremote's time goes, by layer, timed directly (the layers' entry points
-wrapped in clocks for that run).
+wrapped in clocks for that run: that needs the hot modules' Python source, which ``--layers``
+picks, as ``GPUREMOTE_PURE=1`` does). Where the install compiled the hot modules, the rest runs
+compiled, unless ``GPUREMOTE_PURE=1``: ``build`` in the output says which ran (cProfile counts
+no calls inside compiled code: compare calls in pure Python).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import sys
 import time
 import timeit
 from collections.abc import Callable
 from typing import Any
+
+if "--layers" in sys.argv:  # clocks around the layers' entry points: the Python source's
+    os.environ["GPUREMOTE_PURE"] = "1"
 
 import msgspec
 import numpy as np
 from gpuremote.bench.calls import count_calls
 
 import gpuremote.xp as gx
+from gpuremote import _native
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder().decode
@@ -250,9 +259,15 @@ def main() -> None:
     base = out["numpy"]["us_per_op"]
     for row in out.values():
         row["x_numpy"] = row["us_per_op"] / base
+    build = _native.build()
     if a.json:
-        print(json.dumps({**out, "layers_us": layers} if a.layers else out, indent=2))
+        doc: dict[str, Any] = {**out, "build": build}
+        if a.layers:
+            doc["layers_us"] = layers
+        print(json.dumps(doc, indent=2))
         return
+    why = _native.pure_reason()
+    print(f"gpuremote's hot modules: {build}" + (f" ({why})" if why else ""))
     for name, row in out.items():
         print(
             f"{name:14} {row['us_per_op']:8.1f} µs/op {row['x_numpy']:6.1f}x NumPy "

@@ -5,19 +5,14 @@ synchronous op <= 150 calls, the async API's ``await (a + a).get()`` <= 100)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
+import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
-import numpy as np
 import pytest
-from gpuremote.bench.calls import count_calls, count_calls_async
-
-import gpuremote
-import gpuremote.xp as gx
-from gpuremote.proxy import Proxy
 
 #: measured 2026-12-05 (client and proxy in one process over inproc://, NumPy): 498 and 327
 #: (640 and 419 before inproc:// handed frames on at once, with no loop turn per hop)
@@ -25,43 +20,83 @@ XP_SYNC_OP_CEILING = 450
 ASYNC_SYNC_OP_CEILING = 320
 
 
+def _counted_in_pure_python(program: str) -> dict[str, float]:
+    """What ``program`` prints last (a JSON object), run by a fresh interpreter on the hot
+    modules' Python source (``GPUREMOTE_PURE=1``): cProfile counts no calls inside compiled
+    code, so the ceilings hold the Python source, whichever build the install made."""
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(program)],
+        env={**os.environ, "GPUREMOTE_PURE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    counted: dict[str, float] = json.loads(proc.stdout.splitlines()[-1])
+    return counted
+
+
 def test_an_xp_synchronous_op_makes_at_most_so_many_python_calls() -> None:
-    device = gx.connect_local("numpy")
-    try:
-        x = gx.asarray(np.arange(16, dtype=np.float32), device=device)
+    counted = _counted_in_pure_python(
+        """
+        import json
+        import numpy as np
+        import gpuremote.xp as gx
+        from gpuremote import _native
+        from gpuremote.bench.calls import count_calls
 
-        def op() -> None:
-            float(gx.sum(x + 1.0))
+        assert _native.build() == "pure"
+        device = gx.connect_local("numpy")
+        try:
+            x = gx.asarray(np.arange(16, dtype=np.float32), device=device)
 
-        for _ in range(50):  # caches warm
-            op()
-        counted = count_calls(op, 100)
-    finally:
-        device.close()
+            def op():
+                float(gx.sum(x + 1.0))
+
+            for _ in range(50):  # caches warm
+                op()
+            print(json.dumps(count_calls(op, 100)))
+        finally:
+            device.close()
+        """
+    )
     assert counted["python_calls_per_op"] <= XP_SYNC_OP_CEILING, counted
     assert counted["proxy_python_calls_per_op"] > 0  # the proxy's share is counted too
 
 
 def test_an_async_synchronous_op_makes_at_most_so_many_python_calls() -> None:
-    async def main() -> dict[str, float]:
-        proxy = Proxy("numpy")
-        url = await proxy.start("inproc://callcount")
-        try:
-            async with gpuremote.connect(url) as gpu:
-                a = gpu.asarray(np.ones(16, np.float32))
+    counted = _counted_in_pure_python(
+        """
+        import asyncio, json
+        import numpy as np
+        import gpuremote
+        from gpuremote import _native
+        from gpuremote.bench.calls import count_calls_async
+        from gpuremote.proxy import Proxy
 
-                async def op() -> None:
-                    await (a + a).get()
+        assert _native.build() == "pure"
 
-                for _ in range(50):
-                    await op()
-                return await count_calls_async(op, 100)
-        finally:
-            await proxy.close()
+        async def main():
+            proxy = Proxy("numpy")
+            url = await proxy.start("inproc://callcount")
+            try:
+                async with gpuremote.connect(url) as gpu:
+                    a = gpu.asarray(np.ones(16, np.float32))
 
-    # asyncio's own loop (uvloop's C loop would count fewer calls)
-    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
-        counted = runner.run(main())
+                    async def op():
+                        await (a + a).get()
+
+                    for _ in range(50):
+                        await op()
+                    return await count_calls_async(op, 100)
+            finally:
+                await proxy.close()
+
+        # asyncio's own loop (uvloop's C loop would count fewer calls)
+        with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
+            print(json.dumps(runner.run(main())))
+        """
+    )
     assert counted["python_calls_per_op"] <= ASYNC_SYNC_OP_CEILING, counted
 
 
@@ -78,7 +113,8 @@ def test_the_floor_script_measures_the_three_and_splits_gpuremote_by_layer() -> 
         check=True,
     )
     out = json.loads(proc.stdout)
-    assert set(out) == {"numpy", "skeleton", "gpuremote_xp", "layers_us"}
+    assert set(out) == {"numpy", "skeleton", "gpuremote_xp", "build", "layers_us"}
+    assert out["build"] == "pure"  # the layers are timed on the Python source
     for case in ("numpy", "skeleton", "gpuremote_xp"):
         assert out[case]["us_per_op"] > 0 and out[case]["python_calls_per_op"] > 0
     # the skeleton does a fraction of gpuremote's Python calls (its point: the floor)

@@ -340,29 +340,29 @@ async def test_a_failure_in_the_proxy_is_answered_as_a_proxy_error(
 ) -> None:
     """An exception while the proxy handles a frame fails that batch's calls with an error
     naming it (logged with its traceback); the session goes on."""
-    from gpuremote.proxy.devicequeue import DeviceQueue
+    from gpuremote.proxy.peers import PeerImports
 
     proxy = gpuremote.Proxy("numpy")
     url = await proxy.start("tcp://127.0.0.1:0")
-    real = DeviceQueue.estimate
+    real = PeerImports.wanted  # asked of each batch as the proxy takes it
     broken = {"on": False}
 
-    def estimate(self: DeviceQueue, commands: Any) -> float:
+    def wanted(self: PeerImports, commands: Any) -> bool:
         if broken["on"]:
-            raise RuntimeError("estimate broke")
+            raise RuntimeError("peers broke")
         return real(self, commands)
 
-    monkeypatch.setattr(DeviceQueue, "estimate", estimate)
+    monkeypatch.setattr(PeerImports, "wanted", wanted)
     try:
         async with gpuremote.connect(url) as gpu:
             x = gpu.asarray(np.ones(4))
             await gpu.synchronize()
             broken["on"] = True
-            with pytest.raises(RemoteCallError, match=r"proxy error.*RuntimeError: estimate broke"):
+            with pytest.raises(RemoteCallError, match=r"proxy error.*RuntimeError: peers broke"):
                 await gpu.ping(b"x")
             broken["on"] = False
             np.testing.assert_array_equal(await (x + 1.0).get(), np.full(4, 2.0))
-        assert any(r.exc_info and "estimate broke" in str(r.exc_info[1]) for r in caplog.records)
+        assert any(r.exc_info and "peers broke" in str(r.exc_info[1]) for r in caplog.records)
     finally:
         await proxy.close()
 

@@ -36,6 +36,7 @@ from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
 from typing import Any, NoReturn
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from .. import ops
 from ..errors import LocalProtocolError, PeerUnreachable, RemoteCallError
@@ -127,6 +128,7 @@ class Buffer:
                 pass
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed by the front ends
 class ArrayMetadata:
     """``ndim``, ``size`` and ``nbytes`` from ``shape`` and ``_dtype``: answered locally."""
 
@@ -150,6 +152,7 @@ class ArrayMetadata:
         return self.size * self._dtype.itemsize
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed by the front ends
 class ArrayRef(ArrayMetadata):
     """A C-contiguous array in a buffer of one session: what both front ends' arrays are."""
 

@@ -31,6 +31,8 @@ from collections import deque
 from collections.abc import Coroutine, Iterator
 from typing import Any, Self, TypeVar
 
+from mypy_extensions import mypyc_attr
+
 from ..errors import ConnectionClosed
 from ..session import opener
 from ..session.contract import Session
@@ -73,6 +75,7 @@ class _Signal:
         return self._lock.acquire(timeout=-1 if timeout is None else timeout)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed by the front ends
 class SyncDriver:
     """A session opened to ``url`` (see the module docstring), driven from synchronous code:
     ``post`` queues an ASYNC call, ``call`` makes a SYNC one; ``serve``: serve a proxy of
@@ -130,6 +133,10 @@ class SyncDriver:
         self.holding = False
         #: how the last ``copy_from`` went: "proxy to proxy" or "through the client (why)"
         self.last_copy = ""
+        #: seconds spent in ``call`` (sending a call, then waiting for its reply)
+        self.call_s = 0.0
+        #: counters the front ends keep per session (``gpuremote.torch``'s compiled graphs)
+        self.counters: dict[str, int] = {}
         self._helper = threading.Thread(target=self._help, name="gpuremote-xp", daemon=True)
         self._helper.start()
 
@@ -357,11 +364,14 @@ class SyncDriver:
             raise ConnectionClosed(f"the device {self.url} is closed")
         if self.recording is not None:
             self.recording.refuse(f"{spec.name} (it waits for the device)")
+        t0 = time.perf_counter()
         try:
             return self._call_now(spec, args, buffer)
         except ConnectionClosed:
             self.lost = True  # the default device is replaced at its next use
             raise
+        finally:
+            self.call_s += time.perf_counter() - t0
 
     def _call_now(
         self, spec: CallSpec, args: list[Any], buffer: memoryview | None

@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from mypy_extensions import mypyc_attr
+
 from ..backends import Backend
 from ..errors import UnknownHandle
 from ..wire.calls import CallClass
@@ -128,6 +130,7 @@ class BatchContext:
             self.batch.__enter__()
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed by the front ends
 class SessionState:
     """The resources of one session (see the module docstring) on ``backend``.
 
@@ -336,7 +339,7 @@ class SessionState:
         self.nbytes.clear()
         self.views.clear()
         self.device_bytes = 0
-        for s in reversed(streams):
+        for s in streams[::-1]:  # (mypyc 2.4 cannot compile reversed() of this list)
             self.backend.destroy_stream(s)
         self.streams.clear()
         self.events.clear()

@@ -145,6 +145,8 @@ class ClientSession:
         self.conn = conn
         self.config = config
         self.counters = Counters()
+        #: seconds spent in ``call`` (sending a call, then waiting for its reply)
+        self.call_s = 0.0
         self._loop = asyncio.get_running_loop()
         self._seq = 0
         self._handles = itertools.count(1)
@@ -278,7 +280,11 @@ class ClientSession:
         self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None = None
     ) -> Reply:
         """Send a SYNC call (after everything queued) and wait for its reply."""
-        return await self.wait(self.start_call(spec, stream, args, buffer), spec.name)
+        t0 = time.perf_counter()
+        try:
+            return await self.wait(self.start_call(spec, stream, args, buffer), spec.name)
+        finally:
+            self.call_s += time.perf_counter() - t0
 
     def start_call(
         self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None = None

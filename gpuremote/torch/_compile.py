@@ -54,17 +54,13 @@ MODES = (None, "default", "reduce-overhead")
 MAX_SIGNATURES = 16
 
 
-#: per session: graph runs recorded, replayed, and run eagerly (``gpuremote.torch.stats``)
-_COUNTS: weakref.WeakKeyDictionary[SyncDriver, dict[str, int]] = weakref.WeakKeyDictionary()
-
-
 def counts(d: SyncDriver) -> dict[str, int]:
     """Session ``d``'s compiled graphs: ``graphs_recorded`` (signatures recorded and sent),
     ``graph_replays`` (runs by one ``step_replay``), ``graphs_eager`` (runs op by op: a
     signature that cannot be recorded, and each recording's first run)."""
-    c = _COUNTS.get(d)
-    if c is None:
-        c = _COUNTS[d] = {"graphs_recorded": 0, "graph_replays": 0, "graphs_eager": 0}
+    c = d.counters
+    if "graphs_recorded" not in c:
+        c.update(graphs_recorded=0, graph_replays=0, graphs_eager=0)
     return c
 
 

@@ -811,14 +811,20 @@ _IntList = Annotated[list[int], msgspec.Meta(max_length=MAX_PARAM_LIST)]
 _ParamValue = int | float | bool | _Name | None | _IntList
 
 
-class _TypedRequest(msgspec.Struct, array_like=True, gc=False):
-    """``[REQUEST, arrays, commands(, local_calls)]``, each command's arguments kept raw (the
-    opcode, which says their types, comes second)."""
-
-    kind: Literal[1]
-    arrays: list[tuple[_Handle, _Size, list[_Size], str]]
-    commands: list[tuple[int, int, _Handle, msgspec.Raw, bool | int]]
-    local_calls: Annotated[int, msgspec.Meta(ge=0)] | None = None
+#: ``[REQUEST, arrays, commands(, local_calls)]``, each command's arguments kept raw (the
+#: opcode, which says their types, comes second). Made by ``defstruct``, not a class statement:
+#: compiled by mypyc, a class statement would lose msgspec's class options (``array_like``).
+_TypedRequest: Any = msgspec.defstruct(
+    "_TypedRequest",
+    [
+        ("kind", Literal[1]),
+        ("arrays", list[tuple[_Handle, _Size, list[_Size], str]]),
+        ("commands", list[tuple[int, int, _Handle, msgspec.Raw, bool | int]]),
+        ("local_calls", Annotated[int, msgspec.Meta(ge=0)] | None, None),
+    ],
+    array_like=True,
+    gc=False,
+)
 
 
 def _list_of(item: Any, most: int, least: int = 0) -> Any:
