@@ -12,8 +12,11 @@ accounting: everything gpuremote does beyond it is the cost of those.
 
     python scripts/floor_xp_op.py [--rounds 7] [--number 2000] [--json]
 
+Also the async API's ``await (a + a).get()`` (a ``Proxy("numpy")`` on ``inproc://`` in this
+process) beside NumPy's ``a + a``: issue #41's two programs in one run.
+
 Reports medians of ``--rounds`` batches of ``--number`` ops (microseconds per op) and the
-Python calls per op from cProfile, for each of the three, measured in the same run; and with
+Python calls per op from cProfile, for each, measured in the same run; and with
 ``--layers``, where gpuremote's time goes, by layer, timed directly (the layers' entry points
 wrapped in clocks for that run: that needs the hot modules' Python source, which ``--layers``
 picks, as ``GPUREMOTE_PURE=1`` does). Where the install compiled the hot modules, the rest runs
@@ -224,6 +227,48 @@ def _layers(host: np.ndarray[Any, Any], n: int = 20_000) -> dict[str, float]:
     }
 
 
+def _async_op(host: np.ndarray[Any, Any], rounds: int, number: int) -> dict[str, float]:
+    """The async API's ``await (a + a).get()`` against a ``Proxy("numpy")`` served on
+    ``inproc://`` in this process (asyncio's own loop, as the call-count test runs it): the
+    median of ``rounds`` batches of ``number`` ops, and its Python calls per op."""
+    import asyncio
+
+    from gpuremote.bench.calls import count_calls_async
+
+    import gpuremote
+    from gpuremote.proxy import Proxy as RealProxy
+
+    async def run() -> dict[str, float]:
+        proxy = RealProxy("numpy")
+        url = await proxy.start("inproc://floor-async")
+        try:
+            async with gpuremote.connect(url) as gpu:
+                a = gpu.asarray(host)
+
+                async def op() -> Any:
+                    return await (a + a).get()
+
+                assert np.array_equal(await op(), host + host), "the async op is wrong"
+                times = []
+                for _ in range(number // 4):
+                    await op()
+                for _ in range(rounds):
+                    t = time.perf_counter()
+                    for _ in range(number):
+                        await op()
+                    times.append((time.perf_counter() - t) / number * 1e6)
+                counted = await count_calls_async(op, 500)
+                return {
+                    "us_per_op": statistics.median(times),
+                    "python_calls_per_op": counted["python_calls_per_op"],
+                }
+        finally:
+            await proxy.close()
+
+    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
+        return runner.run(run())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
@@ -254,11 +299,17 @@ def main() -> None:
             }
     finally:
         device.close()
+    # the async API's op, beside NumPy's same op (its reference, not the xp op's)
+    out["numpy_add"] = {
+        "us_per_op": _per_op_us(lambda: host + host, a.rounds, a.number),
+        "python_calls_per_op": _calls_per_op(lambda: host + host),
+    }
+    out["gpuremote_async"] = _async_op(host, a.rounds, a.number)
     if a.layers:
         layers = _layers(host, 5 * a.number)
-    base = out["numpy"]["us_per_op"]
-    for row in out.values():
-        row["x_numpy"] = row["us_per_op"] / base
+    for name, row in out.items():
+        base = "numpy_add" if name in ("numpy_add", "gpuremote_async") else "numpy"
+        row["x_numpy"] = row["us_per_op"] / out[base]["us_per_op"]
     build = _native.build()
     if a.json:
         doc: dict[str, Any] = {**out, "build": build}
@@ -270,7 +321,7 @@ def main() -> None:
     print(f"gpuremote's hot modules: {build}" + (f" ({why})" if why else ""))
     for name, row in out.items():
         print(
-            f"{name:14} {row['us_per_op']:8.1f} µs/op {row['x_numpy']:6.1f}x NumPy "
+            f"{name:16} {row['us_per_op']:8.1f} µs/op {row['x_numpy']:6.1f}x NumPy "
             f"{row['python_calls_per_op']:6.0f} Python calls/op"
         )
     if a.layers:

@@ -6,6 +6,10 @@ the call was sent, and wakes no helper thread for a synchronous op."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+import textwrap
 import threading
 from typing import Any
 
@@ -93,31 +97,49 @@ def test_a_synchronous_xp_op_in_one_process_turns_no_event_loop() -> None:
         device.close()
 
 
-def test_a_synchronous_xp_op_wakes_no_helper_thread(monkeypatch: Any) -> None:
+def test_a_synchronous_xp_op_wakes_no_helper_thread() -> None:
     """Its posts are taken by its own waiting call at once: the helper, which comes by on
     its own while the device is in use, is not woken for them (a wake-up and a GIL hand-off
-    per op cost the xp op a third of its client CPU over tcp://)."""
-    from gpuremote.core import driver
+    per op cost the xp op a third of its client CPU over tcp://). Counted on the Python
+    source (``GPUREMOTE_PURE=1``, in a fresh interpreter): compiled code calls the wake-up's
+    ``set`` directly, past any patch."""
+    program = """
+        import numpy as np
+        import gpuremote.xp as gx
+        from gpuremote import _native
+        from gpuremote.core import driver
 
-    wakes = 0
-    real_set = driver._Signal.set
+        assert _native.build() == "pure"
+        wakes = 0
+        real_set = driver._Signal.set
 
-    def counted(self: Any) -> None:
-        nonlocal wakes
-        wakes += self is device._wake  # (other devices' finalizers may wake theirs)
-        real_set(self)
+        def counted(self):
+            global wakes
+            wakes += self is device._wake  # (other devices' finalizers may wake theirs)
+            real_set(self)
 
-    device = gx.connect_local("numpy")
-    try:
-        x = gx.asarray(np.arange(16, dtype=np.float32), device=device)
-        for _ in range(20):
-            float(gx.sum(x + 1.0))
-        monkeypatch.setattr(driver._Signal, "set", counted)
-        for _ in range(100):
-            assert float(gx.sum(x + 1.0)) == 136.0
-        monkeypatch.setattr(driver._Signal, "set", real_set)
-    finally:
-        device.close()
+        device = gx.connect_local("numpy")
+        try:
+            x = gx.asarray(np.arange(16, dtype=np.float32), device=device)
+            for _ in range(20):
+                float(gx.sum(x + 1.0))
+            driver._Signal.set = counted
+            for _ in range(100):
+                assert float(gx.sum(x + 1.0)) == 136.0
+            driver._Signal.set = real_set
+        finally:
+            device.close()
+        print(wakes)
+        """
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(program)],
+        env={**os.environ, "GPUREMOTE_PURE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    wakes = int(proc.stdout.split()[-1])
     assert wakes <= 10  # (one per op before; a stall past nudge_us between a post and its
     # waiting call may still wake it)
 
