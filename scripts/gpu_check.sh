@@ -69,7 +69,7 @@ if ! $bin/python -c "import torch" 2>/dev/null; then
     $bin/python -m pip install --quiet "torch==2.13.0" \
         || echo "gpu_check: torch==2.13.0 did not install: the torch check will fail" >&2
 fi
-echo "gpu_check: installed in $((SECONDS - t_start)) s"
+echo "gpu_check: installed in $((SECONDS - t_start)) s: $($bin/gpuremote --version)"
 
 summary=()
 for c in "${CHECKS[@]}"; do

@@ -17,8 +17,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from mypy_extensions import mypyc_attr
-
 from ..backends import Backend
 from ..errors import UnknownHandle
 from ..wire.calls import CallClass
@@ -130,7 +128,6 @@ class BatchContext:
             self.batch.__enter__()
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed by the front ends
 class SessionState:
     """The resources of one session (see the module docstring) on ``backend``.
 
