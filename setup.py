@@ -70,9 +70,9 @@ def _mypy_version() -> str:
     return __version__
 
 
-def _write_manifest(compiled: list[str]) -> None:
+def _write_manifest(compiled: list[str], where: Path = MANIFEST) -> None:
     doc = {"mypy": _mypy_version(), "modules": _hashes(compiled)}
-    MANIFEST.write_text(json.dumps(doc, indent=1) + "\n")
+    where.write_text(json.dumps(doc, indent=1) + "\n")
 
 
 def _kept() -> bool:
@@ -105,10 +105,12 @@ class _OptionalBuildExt(build_ext):
                 Path(self.get_ext_fullpath(ext.name)).unlink(missing_ok=True)
             _pure_python()
             return
-        _write_manifest(HOT)
+        in_place = [*_hashes(HOT), "gpuremote._native__mypyc"]
+        if all(Path(_inplace_path(name)).exists() for name in in_place):  # editable
+            _write_manifest(HOT)
         built = Path(self.build_lib) / "gpuremote"
-        if built.is_dir():
-            shutil.copyfile(MANIFEST, built / MANIFEST.name)
+        if built.is_dir():  # the wheel's copy
+            _write_manifest(HOT, built / MANIFEST.name)
 
 
 def _inplace_path(name: str) -> str:
