@@ -30,6 +30,7 @@ from gpuremote.wire.framing import Frame, FrameLimits
 from gpuremote.wire.protocol import (
     FATAL,
     PROTOCOL_VERSION,
+    Command,
     decode_message,
     decode_replies,
     decode_request,
@@ -82,8 +83,12 @@ def test_sim_spec_is_parsed_and_checked() -> None:
 
 
 # -- what runs inline -----------------------------------------------------------------------
-def _decoded(*cmds: list[Any], arrays: list[list[Any]] | None = None) -> Any:
-    frame = encode_request([list(c) for c in cmds], [], arrays or [])
+def _decoded(
+    *cmds: list[Any], arrays: list[list[Any]] | None = None, buffers: list[bytes] | None = None
+) -> Any:
+    frame = encode_request(
+        [list(c) for c in cmds], [memoryview(b) for b in buffers or []], arrays or []
+    )
     return decode_request(Frame(frame.meta, frame.buffers))
 
 
@@ -99,6 +104,35 @@ def test_cheap_batches_are_estimated_cheap_and_heavy_ones_not() -> None:
     assert estimate_ns(matmul, queues_work=False) > 100e6  # ~1.7 GFLOP
     assert estimate_ns(matmul, queues_work=True) < 50_000  # a GPU only queues it ...
     assert estimate_ns(read, queues_work=True) == float("inf")  # ... and a read waits
+
+
+def test_each_kind_of_call_is_estimated_by_its_own_rule() -> None:
+    """The estimate of one command of each kind, as the rules give it (3 µs per command,
+    plus its work): element-wise ops 0.3 ns an element, a matmul 0.05 ns a multiply-add, the
+    heavy ops by n log n, copies 0.1 ns a byte, memsets 0.05; waits, worker-only calls and
+    kernel builds are unbounded; a backend that queues work counts only its staging copies."""
+    op = {name: spec.opcode for name, spec in CALLS_BY_NAME.items()}
+    arrays = [[1, 0, [4, 8], "float32"], [2, 0, [8, 2], "float32"], [3, 0, [4, 2], "float32"]]
+
+    def one(call: str, args: list[Any], queues_work: bool = False) -> float:
+        decoded = _decoded([1, op[call], 0, args, False], arrays=arrays, buffers=[bytes(128)])
+        assert [type(c) for c in decoded] == [Command], decoded  # each one valid
+        return estimate_ns(decoded, queues_work)
+
+    per = 3_000.0
+    assert one("launch_new", ["add", [0, 0], [0], {}]) == per + 0.3 * 96
+    assert one("launch_new", ["matmul", [0, 1], [2], {}]) == per + 0.05 * 8 * 8
+    n = 32 + 32
+    assert one("launch", ["sort", [0], [0], {}]) == per + 20.0 * n + 0.5 * n * 6
+    assert one("launch", ["linalg.inv", [0], [0], {}]) == per + 20.0 * n + 0.5 * n * 6
+    assert one("launch_dynamic", ["nonzero", [0], [9], {}]) == per + 50.0 * 32
+    assert one("copy_d2h", [0]) == per + 0.1 * 128
+    assert one("memset", [1, 0, 64, 0]) == per + 0.05 * 64
+    assert one("free_buffers", [[1, 2]]) == per
+    assert one("kernel_create", [5, "raw", "k", "src", {}]) == float("inf")
+    assert one("copy_d2h", [0], queues_work=True) == float("inf")
+    assert one("copy_h2d", [0, 0], queues_work=True) == per + 0.1 * 128
+    assert one("launch_new", ["add", [0, 0], [0], {}], queues_work=True) == per
 
 
 # -- sessions beside each other -------------------------------------------------------------

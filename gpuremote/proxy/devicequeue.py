@@ -17,7 +17,7 @@ import math
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 from ..wire.protocol import ArrayDesc, BadCommandAt, Command, Reply
 
@@ -27,7 +27,7 @@ Batch = tuple[Sequence[Command | BadCommandAt], Sequence[memoryview]]
 Result = tuple[list[Reply], list[memoryview]]
 
 #: what a command costs on the proxy before any device work (decode, checks, dispatch)
-_PER_COMMAND_NS = 3_000.0
+_PER_COMMAND_NS: Final = 3_000.0
 #: calls that wait for the device's earlier work on a backend that queues it
 _WAITS = frozenset(
     {"copy_d2h", "stream_synchronize", "device_synchronize", "launch_dynamic", "kernel_create"}
@@ -45,6 +45,47 @@ def _elements(descs: Sequence[ArrayDesc]) -> int:
     return n
 
 
+#: how ``estimate_ns`` counts a call, by name (a call not named: its per-command cost alone)
+_LAUNCH: Final = 1
+_DYNAMIC: Final = 2
+_COPY: Final = 3
+_MEMSET: Final = 4
+_REPLAY: Final = 5
+_RECORD: Final = 6
+_WORKER: Final = 7
+_UNBOUNDED: Final = 8
+_KIND: dict[str, int] = {
+    "launch": _LAUNCH,
+    "launch_new": _LAUNCH,
+    "launch_dynamic": _DYNAMIC,
+    "copy_h2d": _COPY,
+    "copy_d2h": _COPY,
+    "copy_d2d": _COPY,
+    "memset": _MEMSET,
+    "step_replay": _REPLAY,
+    "step_record": _RECORD,
+    "kernel_create": _UNBOUNDED,
+    **dict.fromkeys(_WORKER_ONLY, _WORKER),
+}
+#: a launched op's cost per element (0.0: a matmul, counted by its multiply-adds; inf: one of
+#: the ops that cost much more than one pass over their data), by op name, as met
+_PER_ELEMENT: dict[str, float] = {}
+
+
+def _per_element(op: str) -> float:
+    cost = _PER_ELEMENT.get(op)
+    if cost is None:
+        if op == "matmul":
+            cost = 0.0
+        elif op in _HEAVY or op.startswith(("linalg.", "fft.", "unique")):
+            cost = math.inf
+        else:
+            cost = 0.3
+        if len(_PER_ELEMENT) < 4096:
+            _PER_ELEMENT[op] = cost
+    return cost
+
+
 def estimate_ns(
     commands: Sequence[Any],
     queues_work: bool,
@@ -54,43 +95,49 @@ def estimate_ns(
     infinite for a call that waits for a device that queues work (``queues_work``). A
     replayed step costs what its calls do (``step_ns(handle)``; unknown: infinite)."""
     total = 0.0
+    kinds = _KIND
     for c in commands:
         total += _PER_COMMAND_NS
         if type(c) is BadCommandAt:
             continue
-        name = c.spec.name
-        if name in _WORKER_ONLY:
+        name: str = c.spec.name
+        kind = kinds.get(name, 0)
+        if not kind:
+            continue
+        if kind == _WORKER:
             return math.inf
-        if name == "step_replay":
+        if kind == _REPLAY:
             total += math.inf if step_ns is None else step_ns(c.args[0])
-            continue
-        if name == "step_record":  # checked once, each call as a batch's is
+        elif kind == _RECORD:  # checked once, each call as a batch's is
             total += 2 * _PER_COMMAND_NS * len(c.args[1].commands)
-            continue
-        if queues_work:
+        elif queues_work:
             if name in _WAITS:
                 return math.inf
             if name == "copy_h2d":
                 total += 0.1 * c.args[0].nbytes  # a staging copy at ~10 GB/s
-            continue
-        if name == "launch" or name == "launch_new":
-            op, ins, outs = c.args[0], c.args[1], c.args[2]
-            n = _elements(ins) + _elements(outs)
+        elif kind == _LAUNCH:
             # ~3x what NumPy takes on a small x86 VM (0.01-0.02 ns per multiply-add in BLAS,
             # 0.1 ns per element of an element-wise op), so that the estimate errs high
-            if op == "matmul" and ins and ins[0].shape:
-                total += 0.05 * _elements(outs) * ins[0].shape[-1]  # multiply-adds
-            elif op in _HEAVY or op.startswith(("linalg.", "fft.", "unique")):
+            args = c.args
+            ins = args[1]
+            per = _per_element(args[0])
+            if per == 0.0:  # a matmul: its multiply-adds
+                if ins and ins[0].shape:
+                    total += 0.05 * _elements(args[2]) * ins[0].shape[-1]
+                else:
+                    total += 0.3 * (_elements(ins) + _elements(args[2]))
+            elif per == math.inf:
+                n = _elements(ins) + _elements(args[2])
                 total += 20.0 * n + 0.5 * n * max(1, int(math.log2(n + 1)))
             else:
-                total += 0.3 * n
-        elif name == "launch_dynamic":
-            total += 50.0 * _elements(c.args[1])
-        elif name in ("copy_h2d", "copy_d2h", "copy_d2d"):
+                total += per * (_elements(ins) + _elements(args[2]))
+        elif kind == _COPY:
             total += 0.1 * c.args[0].nbytes
-        elif name == "memset":
+        elif kind == _DYNAMIC:
+            total += 50.0 * _elements(c.args[1])
+        elif kind == _MEMSET:
             total += 0.05 * c.args[2]
-        elif name == "kernel_create":
+        elif kind == _UNBOUNDED:
             return math.inf
     return total
 
