@@ -3,7 +3,6 @@ outputs, into new ones, with data-dependent outputs) and user kernels."""
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
 from ...errors import UnknownHandle
@@ -34,10 +33,6 @@ def check_launch(
     return op
 
 
-#: what a launch's checks see of an array: its shape and dtype (not where it lies)
-_META = operator.itemgetter(2, 3)
-
-
 def _checked_op(
     s: SessionState,
     op_name: str,
@@ -49,14 +44,21 @@ def _checked_op(
     on shapes, dtypes and params only."""
     checked = s.checked_launches
     try:
-        key: Any = (
-            op_name,
-            *map(_META, inputs),
-            None,
-            *map(_META, outputs),
-            *params.items(),
-            *map(type, params.values()),  # exact types: 1 is not True
-        )
+        # (op, shape, dtype of each input, None, of each output, then each param's name,
+        # value and exact type: 1 is not True), built by appends: cheaper than unpacking
+        parts: list[Any] = [op_name]
+        for d in inputs:
+            parts.append(d[2])
+            parts.append(d[3])
+        parts.append(None)
+        for d in outputs:
+            parts.append(d[2])
+            parts.append(d[3])
+        for k, v in params.items():
+            parts.append(k)
+            parts.append(v)
+            parts.append(type(v))
+        key: Any = tuple(parts)
         op = checked.get(key)
     except TypeError:  # list-valued params are not hashable: check every time
         key, op = None, None
