@@ -195,6 +195,31 @@ def tls_files(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     return files
 
 
+PythonJson = Callable[..., dict[str, Any]]
+
+
+@pytest.fixture
+def python_json() -> PythonJson:
+    """``run(program, **env)``: ``program`` (dedented) run by a fresh interpreter with ``env``
+    added to the environment; what it printed last, a JSON object. ``GPUREMOTE_PURE="1"``
+    runs the hot modules' Python source there, whatever the install compiled."""
+    import textwrap
+
+    def run(program: str, **env: str) -> dict[str, Any]:
+        proc = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(program)],
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr
+        out: dict[str, Any] = json.loads(proc.stdout.splitlines()[-1])
+        return out
+
+    return run
+
+
 class Cli(Protocol):
     def __call__(
         self, *args: str, timeout: float = ..., env: Mapping[str, str] | None = ...

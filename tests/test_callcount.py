@@ -6,13 +6,15 @@ synchronous op <= 150 calls, the async API's ``await (a + a).get()`` <= 100)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from conftest import PythonJson
 
 #: measured 2026-12-05 on the Python source (client and proxy in one process over inproc://,
 #: NumPy): 400 and 286 (498 and 327 before the typed lane; 640 and 419 before inproc://
@@ -21,24 +23,10 @@ XP_SYNC_OP_CEILING = 450
 ASYNC_SYNC_OP_CEILING = 320
 
 
-def _counted_in_pure_python(program: str) -> dict[str, float]:
-    """What ``program`` prints last (a JSON object), run by a fresh interpreter on the hot
-    modules' Python source (``GPUREMOTE_PURE=1``): cProfile counts no calls inside compiled
-    code, so the ceilings hold the Python source, whichever build the install made."""
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(program)],
-        env={**os.environ, "GPUREMOTE_PURE": "1"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    counted: dict[str, float] = json.loads(proc.stdout.splitlines()[-1])
-    return counted
-
-
-def test_an_xp_synchronous_op_makes_at_most_so_many_python_calls() -> None:
-    counted = _counted_in_pure_python(
+def test_an_xp_synchronous_op_makes_at_most_so_many_python_calls(python_json: PythonJson) -> None:
+    # counted on the Python source: cProfile counts no calls inside compiled code, so the
+    # ceilings hold the source, whichever build the install made
+    counted = python_json(
         """
         import json
         import numpy as np
@@ -47,6 +35,8 @@ def test_an_xp_synchronous_op_makes_at_most_so_many_python_calls() -> None:
         from gpuremote.bench.calls import count_calls
 
         assert _native.build() == "pure"
+        import gpuremote.core.driver as d, gpuremote.session.pipeline as s
+        assert d.__file__.endswith(".py") and s.__file__.endswith(".py")  # not an extension
         device = gx.connect_local("numpy")
         try:
             x = gx.asarray(np.arange(16, dtype=np.float32), device=device)
@@ -59,14 +49,17 @@ def test_an_xp_synchronous_op_makes_at_most_so_many_python_calls() -> None:
             print(json.dumps(count_calls(op, 100)))
         finally:
             device.close()
-        """
+        """,
+        GPUREMOTE_PURE="1",
     )
     assert counted["python_calls_per_op"] <= XP_SYNC_OP_CEILING, counted
     assert counted["proxy_python_calls_per_op"] > 0  # the proxy's share is counted too
 
 
-def test_an_async_synchronous_op_makes_at_most_so_many_python_calls() -> None:
-    counted = _counted_in_pure_python(
+def test_an_async_synchronous_op_makes_at_most_so_many_python_calls(
+    python_json: PythonJson,
+) -> None:
+    counted = python_json(
         """
         import asyncio, json
         import numpy as np
@@ -76,6 +69,8 @@ def test_an_async_synchronous_op_makes_at_most_so_many_python_calls() -> None:
         from gpuremote.proxy import Proxy
 
         assert _native.build() == "pure"
+        import gpuremote.core.driver as d, gpuremote.session.pipeline as s
+        assert d.__file__.endswith(".py") and s.__file__.endswith(".py")  # not an extension
 
         async def main():
             proxy = Proxy("numpy")
@@ -96,7 +91,8 @@ def test_an_async_synchronous_op_makes_at_most_so_many_python_calls() -> None:
         # asyncio's own loop (uvloop's C loop would count fewer calls)
         with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
             print(json.dumps(runner.run(main())))
-        """
+        """,
+        GPUREMOTE_PURE="1",
     )
     assert counted["python_calls_per_op"] <= ASYNC_SYNC_OP_CEILING, counted
 

@@ -6,15 +6,14 @@ the call was sent, and wakes no helper thread for a synchronous op."""
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
-import textwrap
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
+
+if TYPE_CHECKING:
+    from conftest import PythonJson
 from gpuremote.transports.inproc import InprocConnection
 
 import gpuremote.xp as gx
@@ -97,19 +96,22 @@ def test_a_synchronous_xp_op_in_one_process_turns_no_event_loop() -> None:
         device.close()
 
 
-def test_a_synchronous_xp_op_wakes_no_helper_thread() -> None:
+def test_a_synchronous_xp_op_wakes_no_helper_thread(python_json: PythonJson) -> None:
     """Its posts are taken by its own waiting call at once: the helper, which comes by on
     its own while the device is in use, is not woken for them (a wake-up and a GIL hand-off
     per op cost the xp op a third of its client CPU over tcp://). Counted on the Python
     source (``GPUREMOTE_PURE=1``, in a fresh interpreter): compiled code calls the wake-up's
     ``set`` directly, past any patch."""
     program = """
+        import json
         import numpy as np
         import gpuremote.xp as gx
         from gpuremote import _native
         from gpuremote.core import driver
 
         assert _native.build() == "pure"
+        import gpuremote.core.driver as d, gpuremote.session.pipeline as s
+        assert d.__file__.endswith(".py") and s.__file__.endswith(".py")  # not an extension
         wakes = 0
         real_set = driver._Signal.set
 
@@ -129,17 +131,9 @@ def test_a_synchronous_xp_op_wakes_no_helper_thread() -> None:
             driver._Signal.set = real_set
         finally:
             device.close()
-        print(wakes)
+        print(json.dumps({"wakes": wakes}))
         """
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(program)],
-        env={**os.environ, "GPUREMOTE_PURE": "1"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    wakes = int(proc.stdout.split()[-1])
+    wakes = python_json(program, GPUREMOTE_PURE="1")["wakes"]
     assert wakes <= 10  # (one per op before; a stall past nudge_us between a post and its
     # waiting call may still wake it)
 

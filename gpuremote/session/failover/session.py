@@ -57,6 +57,8 @@ class FailoverSession:
         self.failover = cfg
         self.config: PipelineConfig = inner.config
         self.counters = FailoverCounters()
+        #: seconds spent in ``call`` (sending a call, then waiting for its reply)
+        self.call_s = 0.0
         self.targets = targets
         self._options = options
         self._limits = limits
@@ -235,7 +237,11 @@ class FailoverSession:
         self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None = None
     ) -> Reply:
         """Send a SYNC call and wait for its reply."""
-        return await self.wait(self.start_call(spec, stream, args, buffer), spec.name)
+        t0 = time.perf_counter()
+        try:
+            return await self.wait(self.start_call(spec, stream, args, buffer), spec.name)
+        finally:
+            self.call_s += time.perf_counter() - t0
 
     async def ack(
         self, spec: CallSpec, stream: int, args: list[Any], buffer: memoryview | None = None
