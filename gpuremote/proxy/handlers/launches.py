@@ -45,19 +45,15 @@ def _checked_op(
     checked = s.checked_launches
     try:
         # (op, shape, dtype of each input, None, of each output, then each param's name,
-        # value and exact type: 1 is not True), built by appends: cheaper than unpacking
+        # value and exact type: 1 is not True), built in place: cheaper than unpacking
         parts: list[Any] = [op_name]
         for d in inputs:
-            parts.append(d[2])
-            parts.append(d[3])
-        parts.append(None)
+            parts += (d[2], d[3])
+        parts += (None,)
         for d in outputs:
-            parts.append(d[2])
-            parts.append(d[3])
+            parts += (d[2], d[3])
         for k, v in params.items():
-            parts.append(k)
-            parts.append(v)
-            parts.append(type(v))
+            parts += (k, v, type(v))
         key: Any = tuple(parts)
         op = checked.get(key)
     except TypeError:  # list-valued params are not hashable: check every time
