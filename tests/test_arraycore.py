@@ -109,7 +109,7 @@ def test_xp_frees_go_out_once_the_device_is_idle() -> None:
                 break
             threading.Event().wait(0.01)
         assert device.session.counters.frames_sent == frames + 1
-        assert not device._freed and not device.session._to_free
+        assert not device._freed and not device.session._released.handles
 
 
 def test_xp_from_a_thread_that_runs_an_event_loop() -> None:

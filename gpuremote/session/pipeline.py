@@ -109,6 +109,33 @@ def _check_values(spec: CallSpec, args: list[Any]) -> None:
             _check_sendable(a, spec)
 
 
+class _Released:
+    """Buffers released and not yet freed: their handles, appended from any thread (by
+    finalizers) and taken on the loop (deque appends and pops are atomic: none is lost), and
+    about the bytes they hold (a reason to free them before the next frame)."""
+
+    __slots__ = ("handles", "nbytes")
+
+    def __init__(self) -> None:
+        self.handles: deque[int] = deque()
+        self.nbytes = 0
+
+    def add(self, handle: int, nbytes: int) -> None:
+        self.handles.append(handle)
+        self.nbytes += nbytes
+
+    def due(self) -> bool:
+        """Enough waits to be freed now, without waiting for the next frame."""
+        return len(self.handles) >= _FREES_PER_COMMAND or self.nbytes >= _FREE_BYTES
+
+    def take(self) -> list[int]:
+        self.nbytes = 0
+        handles, taken = self.handles, []
+        while handles:
+            taken.append(handles.popleft())
+        return taken
+
+
 class _Batch:
     """The next frame being built: its commands ``[seq, opcode, stream, args, ack]``, its
     out-of-band buffers (and their bytes), its table of array descriptors (each sent and
@@ -153,10 +180,7 @@ class ClientSession:
         self._batch = _Batch()  # the next frame
         self._flush_scheduled: asyncio.Handle | asyncio.TimerHandle | None = None
         self._pending: dict[int, asyncio.Future[Reply]] = {}
-        #: handles to free with the next frame: appended from any thread (finalizers), taken
-        #: on the loop; deque appends and pops are atomic, so no free is ever lost
-        self._to_free: deque[int] = deque()
-        self._free_bytes = 0  # about what the handles in _to_free hold (a flush trigger)
+        self._released = _Released()  # freed with the next frame
         self._one_by_one = _OneByOne(self)  # with async_calls off
         self._error: BaseException | None = None
         self._unsent = _Unsent()  # ASYNC calls that could not be sent
@@ -242,11 +266,7 @@ class ClientSession:
         ``then_call``: a call that waits comes right after)."""
         self.check_open()
         self.counters.calls["async"] += 1
-        if self._to_free and (
-            len(self._to_free) >= _FREES_PER_COMMAND
-            or self._free_bytes >= _FREE_BYTES
-            or not self.config.async_calls
-        ):
+        if self._released.handles and (self._released.due() or not self.config.async_calls):
             self._queue_frees()
         if not self.config.async_calls:
             cmd = self._command(spec, stream, args, buffer, ack=True)
@@ -298,7 +318,7 @@ class ClientSession:
             self._flush_now()
             raise self._unsent.errors.popleft()
         self.counters.calls["sync"] += 1
-        if self._to_free:
+        if self._released.handles:
             self._queue_frees()
         return self._send_awaited(self._command(spec, stream, args, buffer, ack=False))
 
@@ -356,7 +376,7 @@ class ClientSession:
         next frame."""
         self.check_open()
         self.counters.calls[spec.kind] += 1
-        if self._to_free:
+        if self._released.handles:
             self._queue_frees()
         cmd = self._command(spec, stream, args, None, ack=OWN)
         if now or not self.config.async_calls:
@@ -381,7 +401,7 @@ class ClientSession:
             await self.call(CALLS_BY_NAME["device_synchronize"], 0, [])
             return
         self.check_open()
-        if self._to_free:  # what was released goes too (alone, if nothing else is queued)
+        if self._released.handles:  # what was released goes too (alone, if nothing else is queued)
             self._queue_frees()
         if self._batch.commands:
             if self.config.async_calls:
@@ -395,8 +415,7 @@ class ClientSession:
         with the frame being built, in one command, or sooner once many bytes wait."""
         if self.closed:
             return
-        self._to_free.append(handle)
-        self._free_bytes += nbytes
+        self._released.add(handle, nbytes)
         if asyncio._get_running_loop() is self._loop:
             if self._flush_scheduled is None and self.config.async_calls:
                 self._flush_scheduled = self._loop.call_soon(self._flush_callback)
@@ -408,8 +427,7 @@ class ClientSession:
         """``release`` for a caller about to send (a call or a flush follows at once): the
         handle joins the next frame's frees and nothing is scheduled."""
         if not self.closed:
-            self._to_free.append(handle)
-            self._free_bytes += nbytes
+            self._released.add(handle, nbytes)
 
     def flush_soon(self) -> None:
         """Send what is queued (frees too) at the loop's next turn (call on the loop)."""
@@ -417,10 +435,7 @@ class ClientSession:
             self._flush_scheduled = self._loop.call_soon(self._flush_callback)
 
     def _queue_frees(self) -> None:
-        self._free_bytes = 0
-        to_free, frees = self._to_free, []
-        while to_free:
-            frees.append(to_free.popleft())
+        frees = self._released.take()
         if not self.config.async_calls:  # one round trip per call, as for every other call
             self._one_by_one.frees(frees)
             return
@@ -438,7 +453,7 @@ class ClientSession:
         self._flush_scheduled = None
         if self.closed:
             return
-        if self._to_free:
+        if self._released.handles:
             self._queue_frees()
         if self._batch.commands and self.config.async_calls:
             self._flush_now()
@@ -447,7 +462,7 @@ class ClientSession:
         if self._flush_scheduled is not None:
             self._flush_scheduled.cancel()
             self._flush_scheduled = None
-        if self._to_free and self.config.async_calls:
+        if self._released.handles and self.config.async_calls:
             self._queue_frees()
         batch = self._batch
         if not batch.commands:
@@ -531,7 +546,7 @@ class ClientSession:
             return
         if self._error is None:
             with contextlib.suppress(GpuRemoteError):
-                if self._to_free:
+                if self._released.handles:
                     self._queue_frees()
                 if self._batch.commands and self.config.async_calls:
                     self._flush_now()
