@@ -38,6 +38,8 @@ HOT = [
     "gpuremote/proxy/session.py",
     "gpuremote/proxy/devicequeue.py",
     "gpuremote/proxy/handlers/launches.py",
+    "gpuremote/proxy/handlers/memory.py",
+    "gpuremote/proxy/monitor.py",
     "gpuremote/proxy/scheduler.py",
 ]
 #: written by the build (not in git), read by ``gpuremote._native``: the modules compiled, for

@@ -13,7 +13,8 @@ accounting: everything gpuremote does beyond it is the cost of those.
     python scripts/floor_xp_op.py [--rounds 7] [--number 2000] [--json]
 
 Also the async API's ``await (a + a).get()`` (a ``Proxy("numpy")`` on ``inproc://`` in this
-process) beside NumPy's ``a + a``: issue #41's two programs in one run.
+process) beside NumPy's ``a + a``: issue #41's two programs in one run; and the skeleton's
+floor for that op (``skeleton_add``: one launch and the read of its 16 floats, no event loop).
 
 Reports medians of ``--rounds`` batches of ``--number`` ops (microseconds per op) and the
 Python calls per op from cProfile, for each, measured in the same run; and with
@@ -72,7 +73,7 @@ class Proxy:
                 a = [buffers[table[i][0]] for i in ins]
                 o = [buffers[table[i][0]] for i in outs]
                 if op == "add":
-                    np.add(a[0], params["scalar"], out=o[0])
+                    np.add(a[0], a[1] if len(a) > 1 else params["scalar"], out=o[0])
                 else:
                     np.add.reduce(a[0], axis=None, out=o[0])
             elif opcode == FREE_BUFFERS:
@@ -115,20 +116,29 @@ class Client:
             self.table.append([a.handle, 0, list(a.shape), a.dtype])
         return i
 
-    def _launch(self, op: str, x: Array, out: Array, params: dict[str, Any]) -> Array:
+    def _launch(self, op: str, x: Array, out: Array, params: dict[str, Any], *more: Array) -> Array:
         self.seq += 1
-        args = [op, [self._intern(x)], [self._intern(out)], params]
+        args = [op, [self._intern(a) for a in (x, *more)], [self._intern(out)], params]
         self.commands.append([self.seq, LAUNCH_NEW, 0, args, False])
         return out
 
     def add(self, x: Array, scalar: float) -> Array:
         return self._launch("add", x, Array(self, x.shape, x.dtype), {"scalar": scalar})
 
+    def add_arrays(self, x: Array, y: Array) -> Array:
+        return self._launch("add", x, Array(self, x.shape, x.dtype), {}, y)
+
     def sum(self, x: Array) -> Array:
         params = {"axis": None, "keepdims": False, "dtype": None}
         return self._launch("sum", x, Array(self, (), x.dtype), params)
 
     def read(self, x: Array) -> float:
+        return float(np.frombuffer(self._read(x), x.dtype)[0])
+
+    def read_array(self, x: Array) -> np.ndarray[Any, Any]:
+        return np.frombuffer(self._read(x), x.dtype).reshape(x.shape)
+
+    def _read(self, x: Array) -> memoryview:
         if self.frees:
             self.seq += 1
             self.commands.append([self.seq, FREE_BUFFERS, 0, [self.frees], False])
@@ -139,7 +149,7 @@ class Client:
         self.commands, self.table, self.index = [], [], {}
         meta, data = self.proxy.on_frame(frame)
         (_seq, _status, i), *_ = _decode(meta)[1]
-        return float(np.frombuffer(data[i], x.dtype)[0])
+        return data[i]
 
 
 def _per_op_us(fn: Callable[[], Any], rounds: int, number: int) -> float:
@@ -304,11 +314,18 @@ def main() -> None:
         "us_per_op": _per_op_us(lambda: host + host, a.rounds, a.number),
         "python_calls_per_op": _calls_per_op(lambda: host + host),
     }
+    out["skeleton_add"] = {  # the skeleton's floor for it (no event loop: a floor of that too)
+        "us_per_op": _per_op_us(
+            lambda: client.read_array(client.add_arrays(x, x)), a.rounds, a.number
+        ),
+        "python_calls_per_op": _calls_per_op(lambda: client.read_array(client.add_arrays(x, x))),
+    }
+    assert np.array_equal(client.read_array(client.add_arrays(x, x)), host + host)
     out["gpuremote_async"] = _async_op(host, a.rounds, a.number)
     if a.layers:
         layers = _layers(host, 5 * a.number)
     for name, row in out.items():
-        base = "numpy_add" if name in ("numpy_add", "gpuremote_async") else "numpy"
+        base = "numpy_add" if name in ("numpy_add", "skeleton_add", "gpuremote_async") else "numpy"
         row["x_numpy"] = row["us_per_op"] / out[base]["us_per_op"]
     build = _native.build()
     if a.json:

@@ -110,13 +110,15 @@ def test_the_floor_script_measures_the_three_and_splits_gpuremote_by_layer() -> 
         check=True,
     )
     out = json.loads(proc.stdout)
-    cases = {"numpy", "skeleton", "gpuremote_xp", "numpy_add", "gpuremote_async"}
+    cases = {"numpy", "skeleton", "gpuremote_xp", "numpy_add", "skeleton_add", "gpuremote_async"}
     assert set(out) == {*cases, "build", "layers_us"}
     assert out["build"] == "pure"  # the layers are timed on the Python source
     for case in cases:
         assert out[case]["us_per_op"] > 0 and out[case]["python_calls_per_op"] > 0
     # the skeleton does a fraction of gpuremote's Python calls (its point: the floor)
-    assert out["skeleton"]["python_calls_per_op"] < out["gpuremote_xp"]["python_calls_per_op"]
+    calls = {case: out[case]["python_calls_per_op"] for case in cases}
+    assert calls["skeleton"] < calls["gpuremote_xp"]
+    assert calls["skeleton_add"] < calls["gpuremote_async"]
     layers = out["layers_us"]
     total = layers.pop("total, as timed (with the wrappers)")
     assert all(us >= 0 for us in layers.values()), layers

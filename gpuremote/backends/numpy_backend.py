@@ -13,6 +13,8 @@ from .base import Backend, BackendError, DeviceInfo
 
 __all__ = ["NumpyBackend"]
 
+_ndarray = np.ndarray
+
 
 class _Stream:
     """On the CPU, work runs when issued: a stream is only an ordering token."""
@@ -51,6 +53,11 @@ class NumpyBackend(Backend):
             return np.empty(nbytes, dtype=np.uint8)
         except MemoryError:
             raise BackendError(f"out of memory allocating {nbytes} bytes") from None
+
+    def view(self, buf: Any, offset: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
+        # one constructor call instead of a slice, a view and a reshape (the same array:
+        # ``buf``'s memory, C-contiguous; the state checked the bounds)
+        return _ndarray(shape, dtype, buf, offset)
 
     def adopt_host(self, host: np.ndarray[Any, Any]) -> Any | None:
         return host

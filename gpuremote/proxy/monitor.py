@@ -42,22 +42,22 @@ class SessionFigures:
         self.bytes_in = 0
         self.bytes_out = 0
         self.local_calls = 0  # as last reported by the client
-        self._lat: np.ndarray[Any, Any] | None = None  # made at the first reply
+        self._lat: list[int] = []  # a ring, filled to LATENCY_RING, then overwritten
         self._lat_n = 0
 
     def sync_latency(self, ns: int) -> None:
         """Record how long the proxy took to answer a frame with SYNC calls in it."""
-        lat = self._lat
-        if lat is None:
-            lat = self._lat = np.zeros(LATENCY_RING, dtype=np.int64)
-        lat[self._lat_n % LATENCY_RING] = ns
-        self._lat_n += 1
+        n = self._lat_n
+        if n < LATENCY_RING:
+            self._lat.append(ns)
+        else:
+            self._lat[n % LATENCY_RING] = ns
+        self._lat_n = n + 1
 
     def latency_us(self) -> dict[str, float | int | None]:
-        n = min(self._lat_n, LATENCY_RING)
-        if n == 0 or self._lat is None:
+        if not self._lat:
             return {"p50": None, "p99": None, "count": 0}
-        p50, p99 = np.percentile(self._lat[:n], [50, 99]) / 1e3
+        p50, p99 = np.percentile(np.array(self._lat, dtype=np.int64), [50, 99]) / 1e3
         return {"p50": float(p50), "p99": float(p99), "count": self._lat_n}
 
 

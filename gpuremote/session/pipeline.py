@@ -459,7 +459,11 @@ class ClientSession:
             self._flush_now()
 
     def _flush_now(self) -> None:
-        if self._flush_scheduled is not None:
+        # a flush due at the loop's next turn stays due: it finds this frame gone and sends
+        # what is queued by then, if anything (what a new one would do), and a release or a
+        # submit before that turn schedules nothing (a call_soon and a cancel less an op);
+        # a batching window (``flush_delay_us``) starts again with the next submit
+        if self._flush_scheduled is not None and self.config.flush_delay_us:
             self._flush_scheduled.cancel()
             self._flush_scheduled = None
         if self._released.handles and self.config.async_calls:
