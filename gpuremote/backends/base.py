@@ -111,7 +111,8 @@ class Backend(ReceivedMemory, abc.ABC):
     def alloc(self, nbytes: int, stream: Any = None) -> Any:
         """A new device buffer of ``nbytes``, allocated in order on ``stream`` (None: no
         stream), usable at once by work on any stream; raises ``BackendError`` when out of
-        memory."""
+        memory. Its bytes are zero (or, on a checking device, a poison pattern): never what
+        another session wrote there before."""
 
     def free(self, bufs: Sequence[Any], streams: Sequence[Any]) -> None:
         """Give ``bufs`` back, in stream order: their memory is not reused before the work

@@ -117,11 +117,11 @@ class CupyBackend(Backend):
         that CuPy reuses its memory in that stream's order; buffers whose free has completed
         are given back first."""
         self._reap()
-        try:
+        try:  # zeroed on the stream (a memset): the pool hands out memory others freed
             if stream is None:
-                return cp.empty(nbytes, dtype=cp.uint8)
+                return cp.zeros(nbytes, dtype=cp.uint8)
             with stream:
-                return cp.empty(nbytes, dtype=cp.uint8)
+                return cp.zeros(nbytes, dtype=cp.uint8)
         except cp.cuda.memory.OutOfMemoryError:
             raise BackendError(f"out of device memory allocating {nbytes} bytes") from None
 

@@ -49,8 +49,10 @@ class NumpyBackend(Backend):
         )
 
     def alloc(self, nbytes: int, stream: Any = None) -> Any:
+        # zeroed: freed memory goes back to the C heap, and a new buffer may be made of
+        # what another session freed (calloc gives fresh pages as they are, zero already)
         try:
-            return np.empty(nbytes, dtype=np.uint8)
+            return np.zeros(nbytes, dtype=np.uint8)
         except MemoryError:
             raise BackendError(f"out of memory allocating {nbytes} bytes") from None
 

@@ -23,6 +23,7 @@ takes, made while the device is in use, goes within ``MAX_NUDGE_S``.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import contextlib
 import threading
@@ -51,6 +52,22 @@ MAX_NUDGE_S = 0.008
 #: sent lives through the garbage collector's young generations into the old one, whose
 #: full collections over a large heap, torch's, cost ~0.1 s each)
 BATCH_POSTS = 64
+
+
+#: the drivers not closed yet: closed when the interpreter exits (``_close_open``)
+_OPEN: set[SyncDriver] = set()
+
+
+def _close_open() -> None:
+    """At exit, before Python stops its daemon threads: send what each open session has
+    queued and stop its helper thread. (A helper stopped by the interpreter's end inside
+    torch's C++ code, as an in-process proxy's may be, aborts the process.)"""
+    for driver in list(_OPEN):
+        with contextlib.suppress(Exception):
+            driver.close()
+
+
+atexit.register(_close_open)
 
 
 class _Signal:
@@ -139,6 +156,7 @@ class SyncDriver:
         self.counters: dict[str, int] = {}
         self._helper = threading.Thread(target=self._help, name="gpuremote-xp", daemon=True)
         self._helper.start()
+        _OPEN.add(self)
 
         #: calls run at once where they are made (a session that runs them in this
         #: process, with no wire: ``gpuremote.tools.direct``), not queued for a frame
@@ -445,6 +463,7 @@ class SyncDriver:
 
     def _stop_loop(self) -> None:
         self.closed = True
+        _OPEN.discard(self)
         self._wake.set()
         if self._helper is not threading.current_thread():
             self._helper.join(5)

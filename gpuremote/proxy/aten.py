@@ -97,6 +97,9 @@ _DENIED = (
     "lift",
     "_use_",
     "data_ptr",
+    # factories of uninitialised memory: memory another session freed (the client makes
+    # its empty tensors by ``alloc``, which zeroes)
+    "empty",
 )
 
 
@@ -245,13 +248,19 @@ class AtenSession:
         key = ("torch", desc.dtype)
         typed = views.get(key) if views is not None else None
         if typed is None:
+            dtype = self.dtypes[desc.dtype]
+            if nbytes < itemsize:  # no element fits (a 0-byte view of bytes has stride 0)
+                typed = self.torch.empty(0, dtype=dtype, device=self.device)
+                return typed.as_strided(desc.sizes, desc.strides, 0)
             base = s.backend.torch_buffer(buf)
             if itemsize > 1:
                 base = base[: nbytes - nbytes % itemsize]
-            typed = base.view(self.dtypes[desc.dtype])
+            typed = base.view(dtype)
             if views is None:
                 views = s.views[desc.handle] = {}
             views[key] = typed
+        if not desc.extent:  # no elements: reaches no byte, wherever its offset points
+            return typed.as_strided(desc.sizes, desc.strides, 0)
         return typed.as_strided(desc.sizes, desc.strides, desc.offset // itemsize)
 
     def decode(self, value: Any, tensors: Sequence[Any]) -> Any:
@@ -277,14 +286,35 @@ class AtenSession:
         return found
 
     # -- running ---------------------------------------------------------------------------
+    def shapes(
+        self, name: str, descs: Sequence[TensorDesc], encoded: tuple[list[Any], dict[str, Any]]
+    ) -> list[Any]:
+        """What op ``name`` makes of these operands, by this device's kernel: per return,
+        ``{"t": [sizes, strides, dtype]}`` for a tensor it makes (a list of them for a
+        list), None for an operand it returns. The operands it writes are copies, and the
+        session's generator is put back: nothing of the session changes. (Every operand
+        is a copy: some schemas do not say what their ops write, ``native_batch_norm``'s
+        running statistics.)"""
+        allowed = resolve_op(name)
+        state = self.generator.get_state()
+        try:
+            _, result, made = self.call(name, descs, encoded, copies=True)
+        finally:
+            self.generator.set_state(state)
+        metas = [
+            [list(r.shape), list(r.stride()), str(r.dtype).removeprefix("torch.")] for r in made
+        ]
+        return self.encode_result(allowed, result, metas)
+
     def call(
         self,
         name: str,
         descs: Sequence[TensorDesc],
         encoded: tuple[list[Any], dict[str, Any]],
+        copies: bool = False,
     ) -> tuple[AllowedOp, Any, list[Any]]:
         """Run op ``name``; returns it, its result and the tensors it returned that are not
-        its operands (in order)."""
+        its operands (in order); on copies of the operands, with ``copies``."""
         allowed = resolve_op(name)
         if self.shapes_only:
             # the same op on the same layouts and values: what it made, and its work, known
@@ -299,6 +329,8 @@ class AtenSession:
             self.operand_memory = set()
         else:
             tensors = [self.tensor(d) for d in descs]
+            if copies:
+                tensors = [t.clone() for t in tensors]
             #: the memory of the operands: a tensor the op made there is not its own
             self.operand_memory = {t.untyped_storage().data_ptr() for t in tensors}
         args = [self.decode(a, tensors) for a in encoded[0]]
@@ -423,13 +455,14 @@ class AtenSession:
         if len(made) != len(outputs):
             raise CallFailed(f"{name} made {len(made)} tensors; the client expected {len(outputs)}")
         for r, d in zip(made, outputs, strict=True):
-            if tuple(r.shape) != d.sizes and 0 not in d.sizes and r.numel():
+            if tuple(r.shape) != d.sizes or self.dtypes[d.dtype] != r.dtype:
+                # the client's meta kernel and this kernel disagree: never a wrong answer
                 raise CallFailed(
-                    f"{name} made a tensor of shape {list(r.shape)}; the client expected "
-                    f"{list(d.sizes)}"
+                    f"{name} made a tensor of {r.dtype} {list(r.shape)}; the client expected "
+                    f"{d.dtype} {list(d.sizes)} (its meta kernel disagrees with this device's)"
                 )
         for r, d in zip(made, outputs, strict=True):
-            if 0 not in d.sizes and r.numel():  # (an empty side: a meta kernel's quirk)
+            if r.numel():
                 self.tensor(d).copy_(r)
 
     def check_outputs(self, outputs: Sequence[TensorDesc]) -> None:
@@ -471,6 +504,7 @@ class AtenSession:
                 and self.dtypes[d.dtype] == r.dtype
                 and r.device == self.device
                 and r._base is None
+                and r.numel() * r.element_size() == d.extent  # dense: no byte unwritten
             ):
                 s.adopt(d.handle, s.backend.adopt_torch(r), d.extent)
             else:

@@ -10,9 +10,10 @@ import torch
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
 from ..core.driver import SyncDriver
+from . import _autocast
 from ._dispatch import Dispatcher
 from ._kernels import install
-from ._tensors import DEVICE
+from ._tensors import DEVICE, memory_stats
 
 __all__ = ["DEVICE", "dispatcher", "register"]
 
@@ -25,11 +26,18 @@ def _connect_default() -> SyncDriver:
 
 dispatcher = Dispatcher(_connect_default)
 _registered = False
+#: the autocast kernels' registration, kept for the life of the process
+_AUTOCAST_LIBRARIES = (torch.library.Library("aten", "IMPL"), torch.library.Library("_", "IMPL"))
 _lock = threading.Lock()
 
 
 class _DeviceModule:
-    """``torch.gpuremote``: what PyTorch asks a device's module."""
+    """``torch.gpuremote``: what PyTorch, and training code written for ``torch.cuda``
+    (Hugging Face ``Trainer`` and ``accelerate``, ``torch.utils.checkpoint``, AMP), ask of a
+    device's module."""
+
+    #: (``torch.utils.checkpoint`` saves a device's random state only once it is)
+    _initialized = True
 
     @staticmethod
     def is_available() -> bool:
@@ -48,8 +56,83 @@ class _DeviceModule:
         return 0
 
     @staticmethod
+    def set_device(device: Any) -> None:
+        """Make ``device`` current (one device: index 0 only)."""
+        _index(device)
+
+    class device:
+        """``with torch.gpuremote.device(i):`` (one device: index 0)."""
+
+        def __init__(self, device: Any) -> None:
+            self.index = _index(device)
+
+        def __enter__(self) -> None:
+            return None
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+    @staticmethod
     def device_count() -> int:
         return max(1, len(dispatcher.drivers))
+
+    @staticmethod
+    def get_device_name(device: Any = None) -> str:
+        """The proxy's device, as it names it (``NVIDIA H100 ...``, ``cpu (x86_64)``)."""
+        info = dispatcher.driver(_index(device)).info
+        return str(info.get("device") or info.get("backend") or DEVICE)
+
+    @staticmethod
+    def get_device_properties(device: Any = None) -> Any:
+        """The proxy device's name, total memory and compute capability."""
+        import types
+
+        info = dispatcher.driver(_index(device)).info
+        major, _, minor = str(info.get("compute_capability") or "0.0").partition(".")
+        return types.SimpleNamespace(
+            name=str(info.get("device") or DEVICE),
+            total_memory=int(info.get("total_memory") or 0),
+            major=int(major or 0),
+            minor=int(minor or 0),
+        )
+
+    @staticmethod
+    def get_amp_supported_dtype() -> list[torch.dtype]:
+        """The dtypes ``torch.autocast(device_type="gpuremote")`` casts to."""
+        return [torch.float16, torch.bfloat16]
+
+    @staticmethod
+    def is_bf16_supported(including_emulation: bool = True) -> bool:
+        return True
+
+    # memory: what this process's tensors on the device hold (the client knows every buffer)
+    @staticmethod
+    def memory_allocated(device: Any = None) -> int:
+        """Bytes of the device's buffers that this process's tensors hold now."""
+        return memory_stats(_index(device)).allocated
+
+    @staticmethod
+    def max_memory_allocated(device: Any = None) -> int:
+        """The most bytes held at once since the start or ``reset_peak_memory_stats``."""
+        return memory_stats(_index(device)).peak
+
+    @staticmethod
+    def memory_reserved(device: Any = None) -> int:
+        """As ``memory_allocated``: the client caches no device memory."""
+        return memory_stats(_index(device)).allocated
+
+    @staticmethod
+    def max_memory_reserved(device: Any = None) -> int:
+        return memory_stats(_index(device)).peak
+
+    @staticmethod
+    def reset_peak_memory_stats(device: Any = None) -> None:
+        stats = memory_stats(_index(device))
+        stats.peak = stats.allocated
+
+    @staticmethod
+    def empty_cache() -> None:
+        """Nothing to give back: a buffer is freed on the proxy when its last tensor dies."""
 
     @staticmethod
     def manual_seed_all(seed: int) -> None:
@@ -60,11 +143,42 @@ class _DeviceModule:
         dispatcher.manual_seed(seed)
 
     @staticmethod
+    def get_rng_state(device: Any = "gpuremote") -> torch.Tensor:
+        """The state of the session's generator on the proxy (a CPU ``uint8`` tensor)."""
+        from ..wire.calls import CALLS_BY_NAME
+
+        state, _ = dispatcher.driver(_index(device)).call(CALLS_BY_NAME["aten_rng_get"], [])
+        return torch.frombuffer(bytearray.fromhex(state), dtype=torch.uint8).clone()
+
+    @staticmethod
+    def set_rng_state(new_state: torch.Tensor, device: Any = "gpuremote") -> None:
+        """Set the session's generator to a state ``get_rng_state`` gave."""
+        from ..wire.calls import CALLS_BY_NAME
+
+        state = bytes(new_state.to("cpu", torch.uint8).contiguous().numpy()).hex()
+        dispatcher.driver(_index(device)).post(CALLS_BY_NAME["aten_rng_set"], 0, [state])
+
+    @staticmethod
     def synchronize(device: Any = None) -> None:
         from ..wire.calls import CALLS_BY_NAME
 
-        index = device.index if isinstance(device, torch.device) else device
-        dispatcher.driver(index).call(CALLS_BY_NAME["device_synchronize"], [])
+        dispatcher.driver(_index(device)).call(CALLS_BY_NAME["device_synchronize"], [])
+
+
+def _index(device: Any) -> int:
+    """The index of ``device`` (an int, a ``torch.device`` or its name; None: the current)."""
+    if device is None:
+        return 0
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != DEVICE:
+            raise ValueError(f"{device} is not a {DEVICE} device")
+        device = device.index or 0
+    index = int(device)
+    if index < 0 or (index > 0 and index not in dispatcher.drivers):
+        raise RuntimeError(f"{DEVICE}:{index} is not connected")
+    return index
 
 
 class _Hooks(torch._C._acc.PrivateUse1Hooks):
@@ -129,6 +243,41 @@ def _patch_storage_copies() -> None:
     torch.storage._to = to_device
 
 
+def _patch_module_apply() -> None:
+    """``model.to("gpuremote")`` keeps a parameter shared by two modules shared (a tied
+    input embedding and output layer): PyTorch converts a parameter in place only between
+    devices whose tensors it counts as compatible (CPU and CUDA), and makes a new
+    ``Parameter`` per module otherwise, which would untie them (their gradients then go
+    to two parameters, and training differs from the CPU's without an error)."""
+    module = torch.nn.Module
+    apply = module._apply
+    depth = threading.local()
+
+    def _apply(self: torch.nn.Module, fn: Any, recurse: bool = True) -> Any:
+        if getattr(depth, "n", 0):  # a submodule of the call being made
+            return apply(self, fn, recurse)
+        shared: dict[int, list[tuple[torch.nn.Module, str]]] = {}
+        for m in self.modules() if recurse else (self,):
+            for name, p in m._parameters.items():
+                if p is not None:
+                    shared.setdefault(id(p), []).append((m, name))
+        depth.n = 1
+        try:
+            result = apply(self, fn, recurse)
+        finally:
+            depth.n = 0
+        for places in shared.values():
+            if len(places) > 1:
+                first, name = places[0]
+                tied = first._parameters[name]
+                for m, n in places[1:]:
+                    if m._parameters[n] is not tied:
+                        m._parameters[n] = tied
+        return result
+
+    module._apply = _apply  # type: ignore[method-assign]
+
+
 def register() -> None:
     """Make ``gpuremote`` a torch device (idempotent)."""
     global _registered
@@ -139,6 +288,8 @@ def register() -> None:
             DEVICE, backend_module=_DeviceModule(), hook=_Hooks(), device_guard=_Guard()
         )
         install(dispatcher)
+        _autocast.install(*_AUTOCAST_LIBRARIES)
         torch.serialization.register_package(5, _tag, _restore)
         _patch_storage_copies()
+        _patch_module_apply()
         _registered = True

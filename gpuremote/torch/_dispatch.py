@@ -40,10 +40,34 @@ __all__ = ["Dispatcher", "contiguous_strides", "restride"]
 
 _C = CALLS_BY_NAME
 _ATEN, _ATEN_DYNAMIC, _ALLOC = _C["aten"], _C["aten_dynamic"], _C["alloc"]
+_ATEN_SHAPES = _C["aten_shapes"]
 _H2D, _D2H, _SEED = _C["copy_h2d"], _C["copy_d2h"], _C["aten_seed"]
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 #: ops whose non-tensor answer depends on the signature alone: asked once, then kept
 _ASK_ONCE = frozenset({"_fused_sdp_choice"})
+#: ops whose meta kernels make outputs of other shapes than the CPU's kernels do
+#: (``_embedding_bag``'s ``offset2bag``, eval-mode ``native_batch_norm``'s saved statistics):
+#: their outputs' metadata comes from the proxy's kernel, asked once per signature
+_SHAPES_FROM_DEVICE: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], bool]] = {
+    # in training the statistics it saves are per channel on every kernel
+    "native_batch_norm": lambda args, kwargs: not _argument(args, kwargs, (5, "training")),
+    "_native_batch_norm_legit": lambda args, kwargs: (
+        len(args) > 5 and not _argument(args, kwargs, (5, "training"))
+    ),
+    "_embedding_bag": lambda args, kwargs: True,
+    "_embedding_bag_forward_only": lambda args, kwargs: True,
+}
+#: ops whose index tensors may be on the CPU while the indexed tensor is on the device
+_CPU_INDEX_OPS = frozenset(
+    {
+        "index",
+        "index_put",
+        "index_put_",
+        "_index_put_impl_",
+        "_unsafe_index",
+        "_unsafe_index_put",
+    }
+)
 #: ops that are metadata only though their schema does not say so (``set_`` points a tensor
 #: at a storage: the storage's identity is the remote buffer's)
 _METADATA_ONLY = frozenset({"_unsafe_view", "_reshape_alias", "lift_fresh", "alias", "set_"})
@@ -53,7 +77,19 @@ class _Plan:
     """How to run one op (per op, from its schema): is it a view, does it depend on the
     data, and where each of its returns comes from."""
 
-    __slots__ = ("dynamic", "in_place", "name", "one_new", "returns", "view")
+    __slots__ = (
+        "cpu_indices",
+        "dynamic",
+        "in_place",
+        "name",
+        "one_new",
+        "out_args",
+        "returns",
+        "scalar_ops",
+        "shapes_from_device",
+        "tensor_slots",
+        "view",
+    )
 
     def __init__(self, op: torch._ops.OpOverload) -> None:
         schema = op._schema
@@ -79,6 +115,20 @@ class _Plan:
             self.returns.append(source)
         #: it returns one value, made by the op (not an operand)
         self.one_new = self.returns == [None]
+        #: whether its outputs' metadata comes from the proxy (``_SHAPES_FROM_DEVICE``)
+        self.shapes_from_device = _SHAPES_FROM_DEVICE.get(packet)
+        #: it takes index tensors on the CPU as well (uploaded first), as ATen does
+        self.cpu_indices = packet in _CPU_INDEX_OPS
+        #: (position, name) of its out= arguments
+        self.out_args = [(i, a.name) for i, a in enumerate(schema.arguments) if a.is_out]
+        #: (position, name) of each argument that takes one tensor
+        self.tensor_slots = [
+            (i, a.name)
+            for i, a in enumerate(schema.arguments)
+            if str(a.type) in ("Tensor", "Optional[Tensor]")
+        ]
+        #: the arguments given as numbers -> the overload taking them as numbers (or None)
+        self.scalar_ops: dict[tuple[int, ...], torch._ops.OpOverload | None] = {}
         #: every return is an operand it writes in place (none is new, none an out=, which
         #: may be resized): the outputs' metadata does not depend on float arguments
         self.in_place = all(
@@ -159,10 +209,14 @@ class Dispatcher:
         return new_tensor(handle, nbytes, sizes, strides, dtype, index, d._release)
 
     def upload_scalar(self, index: int) -> Callable[[torch.Tensor], torch.Tensor]:
-        """What uploads a CPU scalar tensor (an op's operand beside device tensors)."""
+        """What uploads a CPU operand: a scalar beside device tensors, or an index tensor
+        (``x[cpu_indices]``, which ATen takes on any device)."""
 
         def upload(t: torch.Tensor) -> torch.Tensor:
-            remote = self.empty([], [], t.dtype, torch.device(DEVICE, index))
+            sizes = list(t.shape)
+            remote = self.empty(
+                sizes, contiguous_strides(sizes), t.dtype, torch.device(DEVICE, index)
+            )
             self.copy_from(t, remote)
             return remote
 
@@ -182,10 +236,10 @@ class Dispatcher:
             return op.redispatch(_CPU_KEYS, *args, **kwargs)
         tensors: list[torch.Tensor] = []
         index = self._index_of(args, kwargs) if len(self.drivers) > 1 else 0
-        encode = Encoder(tensors, self._uploads[index], not plan.in_place)
+        encode = Encoder(tensors, self._uploads[index], not plan.in_place, plan.cpu_indices)
         wire_args = [
             [encode(a) for a in args],
-            {k: encode(v) for k, v in kwargs.items()} if kwargs else {},
+            encode.keywords(kwargs) if kwargs else {},
         ]
         d = self.drivers.get(index)
         if d is None or d.closed:
@@ -195,7 +249,13 @@ class Dispatcher:
         key = (plan, tuple(encode.sig))  # (encode.signature())
         metas = self._metas.get(key)
         if metas is None:
-            metas = self._infer(op, args, kwargs)
+            numbers = self._numbers_as_scalars(op, plan, args, kwargs)
+            if numbers is not None:
+                return self.run(*numbers)
+            if plan.shapes_from_device is not None and plan.shapes_from_device(args, kwargs):
+                metas = self._ask_shapes(d, plan, wire_args, encode.descs)
+            else:
+                metas = self._infer(op, args, kwargs)
             if metas is None:  # no meta kernel, or the shapes depend on the data
                 return self._dynamic(d, index, op, plan, tensors, wire_args, args, kwargs)
             if len(self._metas) > 65536:
@@ -222,6 +282,97 @@ class Dispatcher:
         if plan.one_new and counts == _ONE:  # the common case: one new tensor
             return outputs[0]
         return self._result(plan, args, kwargs, iter(outputs), counts)
+
+    def _numbers_as_scalars(
+        self, op: torch._ops.OpOverload, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[torch._ops.OpOverload, tuple[Any, ...], dict[str, Any]] | None:
+        """The same call, where a C++ composite passed Python numbers for tensors (PyTorch
+        hands a Python kernel its wrapped numbers as numbers: ``x % 3`` reaches the device
+        as ``remainder.Tensor(x, 3)``): the overload taking them as numbers, whose own
+        kernel wraps them as ATen does (None: no number in a tensor's place)."""
+        at = tuple(
+            i
+            for i, (pos, name) in enumerate(plan.tensor_slots)
+            if type(args[pos] if pos < len(args) else kwargs.get(name)) in _NUMBERS
+        )
+        if not at:
+            return None
+        if at not in plan.scalar_ops:
+            plan.scalar_ops[at] = _scalar_overload(op, {plan.tensor_slots[i][0] for i in at})
+        scalar_op = plan.scalar_ops[at]
+        if scalar_op is not None:
+            return scalar_op, args, kwargs
+        # no such overload: each number as a 0-dim CPU tensor (ATen's scalar_to_tensor)
+        positional, keywords = list(args), dict(kwargs)
+        for i in at:
+            pos, name = plan.tensor_slots[i]
+            if pos < len(positional):
+                value = positional[pos]
+                positional[pos] = torch.scalar_tensor(value, dtype=_number_dtype(value))
+            else:
+                value = keywords[name]
+                keywords[name] = torch.scalar_tensor(value, dtype=_number_dtype(value))
+        return op, tuple(positional), keywords
+
+    def _ask_shapes(
+        self, d: SyncDriver, plan: _Plan, wire_args: list[Any], descs: list[list[Any]]
+    ) -> Any:
+        """``_infer``'s answer from the proxy's kernel (``_SHAPES_FROM_DEVICE``): one SYNC
+        ``aten_shapes``, no part of a step being recorded (it asks about the signature)."""
+        recording = d.recording
+        d.recording = None
+        try:
+            reply, _ = d.call(_ATEN_SHAPES, [plan.name, descs, wire_args])
+        except RemoteCallError as exc:
+            if exc.deferred or exc.call != "aten_shapes":  # an earlier call's error
+                raise
+            raise RuntimeError(f"{plan.name} failed on the proxy: {exc.message}") from exc
+        finally:
+            d.recording = recording
+        news: list[tuple[list[int], list[int], torch.dtype, int, str] | None] = []
+        counts: list[int] = []
+        for source, value in zip(plan.returns, reply, strict=True):
+            if source is not None:
+                continue
+            many = type(value) is list
+            for t in value if many else [value]:
+                if t is None:
+                    news.append(None)
+                    continue
+                sizes, strides, name = t["t"]
+                dtype = getattr(torch, name)
+                nbytes = extent(sizes, strides, _itemsize(dtype))
+                news.append((sizes, strides, dtype, nbytes, name))
+            counts.append(len(value) if many else -1)
+        return news, [], counts
+
+    def _out_by_functional(
+        self, op: torch._ops.OpOverload, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """An out= op whose outputs' shapes only the proxy knows (no meta kernel): its
+        functional overload, whose results are then copied into the out= tensors (resized,
+        as the out= kernel would)."""
+        functional = _functional_overload(op)
+        if functional is None:
+            raise NotImplementedError(
+                f"gpuremote: {plan.name} has out= arguments whose shapes depend on the data, "
+                "and no functional overload to run instead"
+            )
+        outs = []
+        rest_args, rest_kwargs = list(args), dict(kwargs)
+        for pos, name in reversed(plan.out_args):
+            if name in rest_kwargs:
+                outs.append(rest_kwargs.pop(name))
+            else:
+                outs.append(rest_args.pop(pos))
+        outs.reverse()
+        results = self.run(functional, tuple(rest_args), rest_kwargs)
+        results = results if isinstance(results, (list, tuple)) else (results,)
+        for out, result in zip(outs, results, strict=True):
+            if out.shape != result.shape:
+                out.resize_(result.shape)
+            out.copy_(result)
+        return outs[0] if len(outs) == 1 else tuple(outs)
 
     def _index_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
         for a in (*args, *kwargs.values()):
@@ -321,6 +472,11 @@ class Dispatcher:
         kwargs: dict[str, Any],
     ) -> Any:
         """Run ``op`` on the proxy and wait: its results' shapes (or values) come back."""
+        numbers = self._numbers_as_scalars(op, plan, args, kwargs)
+        if numbers is not None:
+            return self.run(*numbers)
+        if plan.out_args:  # out= tensors the op may resize, to shapes only it knows
+            return self._out_by_functional(op, plan, args, kwargs)
         ask_once = plan.name.split(".")[0] in _ASK_ONCE
         key = None
         if ask_once:
@@ -375,33 +531,36 @@ class Dispatcher:
 
     # -- transfers -------------------------------------------------------------------------
     def copy_from(self, src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> Any:
-        """``dst.copy_(src)`` where one of them is remote."""
+        """``dst.copy_(src)`` where one of them is remote. Either may carry PyTorch's lazy
+        conjugate or negative bit (``x.conj()``, ``torch._neg_view``): the proxy's views of
+        a buffer are its bytes, so the values are made physical here, as ATen's own copy
+        does on the CPU and CUDA."""
         if is_remote(dst) and is_remote(src) and dst.device == src.device:
             d = self.driver(dst.device.index)
-            d.post(
-                _ATEN,
-                0,
-                [
-                    "copy_.default",
-                    [describe(dst), describe(src)],
-                    [[{"t": 0}, {"t": 1}], {}],
-                    [],
-                ],
-            )
+            written = [describe(dst)]
+            d.post(_ATEN, 0, ["copy_.default", [written[0], describe(src)], _DST_SRC, []])
+            if src.is_conj() != dst.is_conj():
+                d.post(_ATEN, 0, ["conj_physical_.default", written, _SELF, []])
+            if src.is_neg() != dst.is_neg():
+                d.post(_ATEN, 0, ["neg_.default", written, _SELF, []])
             return dst
         if is_remote(dst):  # from the host (or another remote device, through the host)
             host = src.to("cpu") if is_remote(src) else src
+            host = host.resolve_conj().resolve_neg()
             host = host.to(dst.dtype).expand(dst.shape).contiguous()
             if host.untyped_storage().data_ptr() == src.untyped_storage().data_ptr():
                 host = host.clone()  # the caller may change (or resize) src before it is sent
             d = self.driver(dst.device.index)
-            target = (
-                dst
-                if dst.is_contiguous()
-                else self.empty(
+            if dst.is_contiguous():
+                target = dst
+                if dst.is_conj():  # the bytes of dst hold the conjugate of its values
+                    host = host.conj_physical()
+                if dst.is_neg():
+                    host = host.neg()
+            else:
+                target = self.empty(
                     list(dst.shape), contiguous_strides(dst.shape), dst.dtype, dst.device
                 )
-            )
             data = host.reshape(-1).view(torch.uint8).numpy()
             if data.nbytes:
                 d.post(_H2D, 0, [byte_desc(target), BUFFER], data.data)
@@ -417,8 +576,65 @@ class Dispatcher:
         _, buffers = d.call(_D2H, [byte_desc(src)])
         got = buffers[0]
         host = torch.frombuffer(bytearray(got) if got.readonly else got, dtype=torch.uint8)
-        dst.copy_(host.view(src.dtype).reshape(src.shape))
+        host = host.view(src.dtype).reshape(src.shape)
+        if src.is_conj():  # the bytes are the conjugate of the values
+            host = host.conj()
+        if src.is_neg():
+            host = torch._neg_view(host)
+        dst.copy_(host)
         return dst
+
+
+#: the encoded arguments of ``copy_(dst, src)`` and of an op on one tensor
+_DST_SRC: list[Any] = [[{"t": 0}, {"t": 1}], {}]
+_SELF: list[Any] = [[{"t": 0}], {}]
+
+
+_NUMBERS = (bool, int, float, complex)
+
+
+def _number_dtype(value: Any) -> torch.dtype:
+    """The dtype ATen gives a wrapped Python number."""
+    if type(value) is bool:
+        return torch.bool
+    if type(value) is int:
+        return torch.int64
+    if type(value) is complex:
+        return torch.complex128 if torch.get_default_dtype() == torch.float64 else torch.complex64
+    return torch.get_default_dtype()
+
+
+def _scalar_overload(op: torch._ops.OpOverload, positions: set[int]) -> Any:
+    """The overload of ``op``'s packet that takes the arguments at ``positions`` as numbers
+    (``Scalar``) and is otherwise the same; None where there is none."""
+    schema = op._schema
+    packet = getattr(torch.ops.aten, schema.name.split("::", 1)[1], None)
+    if packet is None:
+        return None
+    want = ["number" if i in positions else str(a.type) for i, a in enumerate(schema.arguments)]
+    returns = [str(r.type) for r in schema.returns]
+    for overload in packet.overloads():
+        other = getattr(packet, overload)._schema
+        if [
+            str(a.type).replace("Optional[number]", "number") for a in other.arguments
+        ] == want and [str(r.type) for r in other.returns] == returns:
+            return getattr(packet, overload)
+    return None
+
+
+def _functional_overload(op: torch._ops.OpOverload) -> Any:
+    """The overload of out= op ``op`` that returns new tensors (``x.out`` -> ``x.default``,
+    ``x.y_out`` -> ``x.y``), taking the same other arguments; None where there is none."""
+    schema = op._schema
+    name = schema.overload_name
+    base = "default" if name == "out" else name.removesuffix("_out")
+    packet = getattr(torch.ops.aten, schema.name.split("::", 1)[1])
+    if base == name or base not in packet.overloads():
+        return None
+    functional = getattr(packet, base)
+    want = [(a.name, str(a.type)) for a in schema.arguments if not a.is_out]
+    have = [(a.name, str(a.type)) for a in functional._schema.arguments]
+    return functional if want == have else None
 
 
 _ITEMSIZE: dict[torch.dtype, int] = {}

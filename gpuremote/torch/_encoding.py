@@ -23,9 +23,12 @@ class Encoder:
         tensors: list[torch.Tensor],
         upload: Callable[[torch.Tensor], torch.Tensor],
         floats_matter: bool = True,
+        cpu_indices: bool = False,
     ) -> None:
         self.tensors = tensors
         self.upload = upload
+        #: CPU tensors of any shape are uploaded (an indexing op's indices), not only scalars
+        self.cpu_indices = cpu_indices
         #: False: the signature has a float argument's type, not its value (an in-place op's
         #: metadata does not depend on it: an optimizer's step sizes change at every step)
         self.floats_matter = floats_matter
@@ -39,12 +42,14 @@ class Encoder:
             return a
         if isinstance(a, torch.Tensor):
             if a.is_cpu or a.device.type != DEVICE:  # (is_remote, inlined: every operand)
-                if a.dim() != 0 or not a.is_cpu:
+                if not a.is_cpu or (a.dim() != 0 and not self.cpu_indices):
                     raise RuntimeError(
                         f"Expected all tensors to be on the same device, but found a {a.device} "
                         f"tensor of shape {list(a.shape)} beside {DEVICE} tensors"
                     )
                 a = self.upload(a)
+            if a.is_conj() or a.is_neg():  # lazy bits: the proxy's views are the bytes
+                a = a.resolve_conj().resolve_neg()
             shape, stride, dtype = a.shape, a.stride(), a.dtype
             self.tensors.append(a)
             self.descs.append(
@@ -86,6 +91,16 @@ class Encoder:
         if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             raise RuntimeError("gpuremote: symbolic sizes cannot be sent")
         raise TypeError(f"gpuremote: an argument of type {type(a).__name__} cannot be sent")
+
+    def keywords(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Keyword arguments, each encoded, their names in the signature (PyTorch passes a
+        keyword only where it differs from its default: ``bucketize(x, b, right=True)``
+        and ``bucketize(x, b, out_int32=True)`` encode the same values)."""
+        out = {}
+        for k, v in kwargs.items():
+            self.sig.append(k)
+            out[k] = self(v)
+        return out
 
     def signature(self) -> tuple[Any, ...]:
         return tuple(self.sig)

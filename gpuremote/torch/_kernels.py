@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ._dispatch import Dispatcher, restride
+from ._dispatch import Dispatcher, contiguous_strides, restride
 
 __all__ = ["install"]
 
@@ -71,8 +71,9 @@ def install(dispatcher: Dispatcher) -> None:
         weight: torch.Tensor,
         *rest: Any,
     ) -> Any:
-        *conv, output_mask = rest
-        bias_sizes = [weight.shape[1] if conv[3] else weight.shape[0]]  # transposed or not
+        *conv, output_mask = rest  # stride, padding, dilation, transposed, out padding, groups
+        # the bias has one value per output channel: a transposed weight is (in, out / groups)
+        bias_sizes = [weight.shape[1] * conv[5] if conv[3] else weight.shape[0]]
         return dispatcher.run(
             aten.convolution_backward.default,
             (grad_output, input, weight, bias_sizes, *conv, output_mask),
@@ -96,6 +97,11 @@ def install(dispatcher: Dispatcher) -> None:
         args = (query, key, value, attn_mask, dropout_p, is_causal)
         options = {"scale": scale, "enable_gqa": enable_gqa}
         choice = dispatcher.run(aten._fused_sdp_choice.default, _real(args), options)
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            # as ATen does before either kernel: a boolean mask as an additive one (0 where
+            # True, -inf where False) in the query's dtype
+            additive = torch.zeros_like(attn_mask, dtype=query.dtype)
+            attn_mask = additive.masked_fill_(attn_mask.logical_not(), float("-inf"))
         cpu = dispatcher.driver(query.device.index).info.get("backend") != "cupy"
         if choice == _SDP_FLASH and cpu:
             return aten._scaled_dot_product_flash_attention_for_cpu(
@@ -136,10 +142,25 @@ def install(dispatcher: Dispatcher) -> None:
         lib.impl("_thnn_fused_gru_cell", _gru_cell, key)
     lib.impl("convolution_overrideable", convolution, "PrivateUse1")
     lib.impl("convolution_backward_overrideable", convolution_backward, "PrivateUse1")
+
+    def zero_tensor(
+        size: Any,
+        dtype: torch.dtype | None = None,
+        layout: Any = None,
+        device: torch.device | None = None,
+        pin_memory: bool | None = None,
+    ) -> torch.Tensor:
+        # autograd's zero gradients: a new buffer is zero already (the proxy zeroes memory)
+        return dispatcher.empty(list(size), contiguous_strides(size), dtype, device)
+
+    lib.impl("_efficientzerotensor", zero_tensor, "PrivateUse1")
     lib.impl("empty.memory_format", empty_memory_format, "PrivateUse1")
     lib.impl("empty_strided", empty_strided, "PrivateUse1")
-    lib.impl("_copy_from", copy_from, "PrivateUse1")
-    lib.impl("_copy_from_and_resize", copy_from_and_resize, "PrivateUse1")
+    # the lazy conjugate and negative bits: the copy makes the values physical itself
+    # (ATen's fallback for these bits would clone, which copies, which reaches it again)
+    for key in ("PrivateUse1", "Conjugate", "Negative"):
+        lib.impl("_copy_from", copy_from, key)
+        lib.impl("_copy_from_and_resize", copy_from_and_resize, key)
     lib.impl("resize_", resize_, "PrivateUse1")
 
     def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
@@ -191,7 +212,15 @@ def _gru_cell(
 
 #: ops this module gives kernels of its own, or that must stay composite here
 _HANDLED = frozenset(
-    {"empty", "empty_strided", "_copy_from", "_copy_from_and_resize", "resize_", "copy_"}
+    {
+        "empty",
+        "empty_strided",
+        "_copy_from",
+        "_copy_from_and_resize",
+        "resize_",
+        "copy_",
+        "_efficientzerotensor",
+    }
 )
 
 
@@ -208,6 +237,9 @@ def _with_cpu_kernels() -> list[str]:
         if not (
             has(full, "CompositeExplicitAutograd")
             or has(full, "CompositeExplicitAutogradNonFunctional")
+            # a decomposition for other devices beside the CPU's kernel (``mish_backward``):
+            # the CPU's autograd uses the kernel too, so the device's may
+            or has(full, "CompositeImplicitAutograd")
         ):
             continue
         name = full.removeprefix("aten::")

@@ -24,6 +24,7 @@ __all__ = [
     "extent",
     "handle_of",
     "is_remote",
+    "memory_stats",
     "new_storage",
     "new_tensor",
     "tensor_on",
@@ -55,6 +56,7 @@ DTYPE_NAMES: dict[torch.dtype, str] = {
         "float64",
         "complex64",
         "complex128",
+        "complex32",
     )
 }
 
@@ -79,8 +81,33 @@ def new_storage(handle: int, nbytes: int, index: int, release: Callable[[int, in
     if device is None:
         device = _DEVICES[index] = torch.device(DEVICE, index)
     storage = torch._C._construct_storage_from_data_pointer(handle << _SHIFT, device, nbytes)
-    _LIVE[weakref.ref(storage, _died)] = (release, handle, nbytes)
+    _LIVE[weakref.ref(storage, _died)] = (release, handle, nbytes, index)
+    stats = _STATS.get(index) or memory_stats(index)
+    stats.allocated += nbytes
+    if stats.allocated > stats.peak:
+        stats.peak = stats.allocated
     return storage
+
+
+class MemoryStats:
+    """The bytes this process's tensors hold on one device, now and at most."""
+
+    __slots__ = ("allocated", "peak")
+
+    def __init__(self) -> None:
+        self.allocated = 0
+        self.peak = 0
+
+
+def memory_stats(index: int) -> MemoryStats:
+    """Device ``gpuremote:index``'s ``MemoryStats``."""
+    stats = _STATS.get(index)
+    if stats is None:
+        stats = _STATS[index] = MemoryStats()
+    return stats
+
+
+_STATS: dict[int, MemoryStats] = {}
 
 
 def tensor_on(
@@ -94,14 +121,15 @@ def tensor_on(
 
 _DEVICES: dict[int, torch.device] = {}
 #: the storages alive (weakly) -> how to free their buffers when they die
-_LIVE: dict[weakref.ref[Any], tuple[Callable[[int, int], None], int, int]] = {}
+_LIVE: dict[weakref.ref[Any], tuple[Callable[[int, int], None], int, int, int]] = {}
 
 
 def _died(ref: weakref.ref[Any]) -> None:
     """A storage's last view died: its buffer is freed (from any thread)."""
     entry = _LIVE.pop(ref, None)
     if entry is not None:
-        release, handle, nbytes = entry
+        release, handle, nbytes, index = entry
+        _STATS[index].allocated -= nbytes
         release(handle, nbytes)
 
 

@@ -389,6 +389,14 @@ CALLS: tuple[CallSpec, ...] = (
         random=True,
     ),
     CallSpec(
+        "aten_shapes",
+        75,
+        _S,
+        (Param("op", Arg.NAME), Param("tensors", Arg.TENSORS, _R), Param("args", Arg.ATEN_ARGS)),
+        "the layouts of the tensors an ATen op makes of these operands, by this device's "
+        "kernel (run on copies of the operands it writes; nothing of the session changes)",
+    ),
+    CallSpec(
         "aten_seed",
         72,
         _A,

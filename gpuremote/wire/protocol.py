@@ -137,6 +137,7 @@ def array_desc(handle: int, offset: int, shape: tuple[int, ...], dtype: np.dtype
 #: the dtypes a strided tensor (``TensorDesc``) may have, by torch's name: their item sizes
 TENSOR_DTYPES: dict[str, int] = {
     "bool": 1,
+    "complex32": 4,
     "uint8": 1,
     "int8": 1,
     "int16": 2,
@@ -177,9 +178,10 @@ class TensorDesc(NamedTuple):
 
     @property
     def extent(self) -> int:
-        """The end, in bytes into the buffer, of the last byte the tensor reaches (its
-        offset when it has no elements)."""
-        return self.offset + extent(self.sizes, self.strides, TENSOR_DTYPES[self.dtype])
+        """The end, in bytes into the buffer, of the last byte the tensor reaches (0 when
+        it has no elements: it reaches none, wherever its offset points)."""
+        reach = extent(self.sizes, self.strides, TENSOR_DTYPES[self.dtype])
+        return self.offset + reach if reach else 0
 
     def encode(self) -> list[Any]:
         return [self.handle, self.offset, list(self.sizes), list(self.strides), self.dtype]

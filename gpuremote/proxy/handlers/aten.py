@@ -96,6 +96,24 @@ def aten_dynamic(
     return answer
 
 
+def aten_shapes(
+    s: SessionState,
+    ctx: BatchContext,
+    op: str,
+    tensors: tuple[TensorDesc, ...],
+    args: tuple[list[Any], dict[str, Any]],
+) -> Any:
+    a = aten_session(s)
+    buffers = s.buffers
+    reads = [buffers[d.handle] for d in tensors if d.handle in buffers]
+
+    def run() -> Any:
+        with a.isolated():
+            return a.shapes(op, tensors, args)
+
+    return s.backend.run_torch(run, reads, [], ctx.stream, wait=True)
+
+
 def aten_seed(s: SessionState, ctx: BatchContext, seed: int) -> None:
     aten_session(s).seed(seed)
 
@@ -111,6 +129,7 @@ def aten_rng_set(s: SessionState, ctx: BatchContext, state: str) -> None:
 HANDLERS: dict[str, Handler] = {
     "aten": aten,
     "aten_dynamic": aten_dynamic,
+    "aten_shapes": aten_shapes,
     "aten_seed": aten_seed,
     "aten_rng_get": aten_rng_get,
     "aten_rng_set": aten_rng_set,
