@@ -16,8 +16,13 @@ if [ -n "${PREINSTALL:-}" ]; then
     # shellcheck disable=SC2086
     .venv/bin/python -m pip install --quiet $PREINSTALL
 fi
+# CONSTRAINTS: a file of versions held while the extras install (torch, for one)
+HOLD=()
+if [ -n "${CONSTRAINTS:-}" ]; then
+    HOLD=(-c "$CONSTRAINTS")
+fi
 if [ -n "${EXTRAS:-}" ]; then
-    .venv/bin/python -m pip install --quiet -e ".[$EXTRAS]"
+    .venv/bin/python -m pip install --quiet "${HOLD[@]}" -e ".[$EXTRAS]"
 else
-    .venv/bin/python -m pip install --quiet -e .
+    .venv/bin/python -m pip install --quiet "${HOLD[@]}" -e .
 fi

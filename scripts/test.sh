@@ -2,7 +2,9 @@
 # Install gpuremote with its test tools into .venv, then lint, type-check and run the tests.
 set -euo pipefail
 # torch: the exact version whose private backend APIs gpuremote.torch is tested with, first
-PREINSTALL="torch==2.13.0" EXTRAS="test,ray,torch,docs" source "$(dirname "$0")/_venv.sh"
+# (and held while the rest installs: transformers and diffusers would pull a newer one)
+PREINSTALL="torch==2.13.0" CONSTRAINTS="scripts/constraints.txt" \
+    EXTRAS="test,ray,torch,docs,models" source "$(dirname "$0")/_venv.sh"
 # a headless browser for the docs site's test (Debian's chromium), where apt can install it;
 # without one that test skips, saying why
 if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
@@ -11,7 +13,7 @@ if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id 
 fi
 # ucx:// (the [ucx] extra): its tests run where ucxx installs, and skip, with the reason, where not
 if ! .venv/bin/python -c "import ucxx" 2>/dev/null; then
-    .venv/bin/python -m pip install --quiet -e ".[ucx]" \
+    .venv/bin/python -m pip install --quiet -c scripts/constraints.txt -e ".[ucx]" \
         || echo "the [ucx] extra did not install: the ucx:// tests will skip" >&2
 fi
 .venv/bin/ruff check gpuremote transports bench tests examples

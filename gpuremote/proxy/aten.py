@@ -349,6 +349,8 @@ class AtenSession:
                 result = self._on_shapes(name, op, args, kwargs)
             elif allowed.random_without_generator:
                 result = self._with_session_generator(op, args, kwargs)
+            elif self.device.type == "cpu" and name in _CPU_GAPS:
+                result = _CPU_GAPS[name](op, args, kwargs)
             else:
                 result = op(*args, **kwargs)
         except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError) as exc:
@@ -633,6 +635,19 @@ _NUMPY_OF: dict[str, Any] = {
     "torch.complex64": np.complex64,
     "torch.complex128": np.complex128,
 }
+
+
+def _histc_of_integers(op: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """``histc`` of integers, which CUDA counts and the CPU's kernel refuses: counted in
+    float64 (each integer, and each bin's bounds, exact there), in the input's dtype."""
+    x = args[0]
+    if x.is_floating_point():
+        return op(*args, **kwargs)
+    return op(x.double(), *args[1:], **kwargs).to(x.dtype)
+
+
+#: ops a GPU's kernels take and the CPU's do not (for some dtypes): how a CPU proxy runs them
+_CPU_GAPS = {"histc.default": _histc_of_integers}
 
 
 def _returns(result: Any, n: int) -> tuple[Any, ...]:

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -45,18 +46,61 @@ _H2D, _D2H, _SEED = _C["copy_h2d"], _C["copy_d2h"], _C["aten_seed"]
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 #: ops whose non-tensor answer depends on the signature alone: asked once, then kept
 _ASK_ONCE = frozenset({"_fused_sdp_choice"})
-#: ops whose meta kernels make outputs of other shapes than the CPU's kernels do
-#: (``_embedding_bag``'s ``offset2bag``, eval-mode ``native_batch_norm``'s saved statistics):
-#: their outputs' metadata comes from the proxy's kernel, asked once per signature
-_SHAPES_FROM_DEVICE: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], bool]] = {
-    # in training the statistics it saves are per channel on every kernel
-    "native_batch_norm": lambda args, kwargs: not _argument(args, kwargs, (5, "training")),
-    "_native_batch_norm_legit": lambda args, kwargs: (
-        len(args) > 5 and not _argument(args, kwargs, (5, "training"))
-    ),
-    "_embedding_bag": lambda args, kwargs: True,
-    "_embedding_bag_forward_only": lambda args, kwargs: True,
-}
+#: the ops whose meta kernels lay out some of their outputs otherwise than the CPU's (and
+#: the GPU's) kernels do, and when: their outputs' metadata then comes from the proxy's
+#: kernel, asked once per signature (``aten_shapes``). Found by running models and PyTorch's
+#: OpInfos with ``GPUREMOTE_TORCH_CHECK_LAYOUTS=1``; a layout the client takes from a meta
+#: kernel that the proxy's kernel does not make costs a copy on the proxy and can change
+#: the order of a later reduction (results differing in their last bits), and another
+#: shape or dtype is refused by the proxy.
+_SHAPES_FROM_DEVICE: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], bool]] = {}
+
+
+def _from_device_when(
+    *packets: str,
+) -> Callable[[Callable[[tuple[Any, ...], dict[str, Any]], bool]], Any]:
+    def register(rule: Callable[[tuple[Any, ...], dict[str, Any]], bool]) -> Any:
+        for p in packets:
+            _SHAPES_FROM_DEVICE[p] = rule
+        return rule
+
+    return register
+
+
+@_from_device_when(
+    "_embedding_bag", "_embedding_bag_forward_only", "_fft_r2c", "_linalg_svd", "linalg_eig"
+)
+def _always(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """``_embedding_bag``'s ``offset2bag`` and ``max_indices``, the layouts of an FFT's and
+    an SVD's results."""
+    return True
+
+
+@_from_device_when("native_batch_norm", "_native_batch_norm_legit", "_batch_norm_with_update")
+def _batch_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """The saved statistics: empty in eval mode, and of the input's dtype in half
+    precision on the CPU (float32 by the meta kernels)."""
+    training = args[5] if len(args) > 5 else kwargs.get("training", True)
+    return args[0].dtype in _HALF or (type(training) is bool and not training)
+
+
+@_from_device_when("native_layer_norm")
+def _half_or_strided(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """``native_layer_norm``'s saved statistics in half precision; any op's results where
+    an operand is not contiguous (the CPU's kernels then lay out their results their own
+    way)."""
+    return args[0].dtype in _HALF or _strided(args, kwargs)
+
+
+@_from_device_when("convolution", "convolution_backward", "native_layer_norm_backward")
+def _strided(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """A tensor operand that is not contiguous (a channels-last image)."""
+    return any(
+        isinstance(a, torch.Tensor) and not a.is_contiguous() for a in (*args, *kwargs.values())
+    )
+
+
+_HALF = (torch.float16, torch.bfloat16)
 #: ops whose index tensors may be on the CPU while the indexed tensor is on the device
 _CPU_INDEX_OPS = frozenset(
     {
@@ -171,6 +215,11 @@ class Dispatcher:
         self.seed: int | None = None
         #: device index -> what uploads a CPU scalar operand to it
         self._uploads = _Uploads(self)
+        #: every op's output layouts (sizes, strides, dtype) are asked of the proxy's kernel
+        #: once per signature and checked against the meta kernel's (a round trip each: a
+        #: diagnostic, ``GPUREMOTE_TORCH_CHECK_LAYOUTS=1``); the differences found
+        self.check_layouts = os.environ.get("GPUREMOTE_TORCH_CHECK_LAYOUTS") == "1"
+        self.layout_mismatches: list[tuple[str, Any, Any]] = []
 
     # -- sessions --------------------------------------------------------------------------
     def driver(self, index: int | None) -> SyncDriver:
@@ -256,6 +305,8 @@ class Dispatcher:
                 metas = self._ask_shapes(d, plan, wire_args, encode.descs)
             else:
                 metas = self._infer(op, args, kwargs)
+                if metas is not None and self.check_layouts and not metas[1]:
+                    metas = self._checked(d, plan, wire_args, encode.descs, metas)
             if metas is None:  # no meta kernel, or the shapes depend on the data
                 return self._dynamic(d, index, op, plan, tensors, wire_args, args, kwargs)
             if len(self._metas) > 65536:
@@ -313,6 +364,19 @@ class Dispatcher:
                 value = keywords[name]
                 keywords[name] = torch.scalar_tensor(value, dtype=_number_dtype(value))
         return op, tuple(positional), keywords
+
+    def _checked(
+        self, d: SyncDriver, plan: _Plan, wire_args: list[Any], descs: list[list[Any]], metas: Any
+    ) -> Any:
+        """``check_layouts``: the meta kernel's layouts against the proxy kernel's (one
+        ``aten_shapes`` per signature); where they differ, the proxy's, and a record."""
+        device = self._ask_shapes(d, plan, wire_args, descs)
+        mine = [_layout(m) for m in metas[0]]
+        theirs = [_layout(m) for m in device[0]]
+        if mine != theirs:
+            self.layout_mismatches.append((plan.name, mine, theirs))
+            return device
+        return metas
 
     def _ask_shapes(
         self, d: SyncDriver, plan: _Plan, wire_args: list[Any], descs: list[list[Any]]
@@ -591,6 +655,17 @@ _SELF: list[Any] = [[{"t": 0}], {}]
 
 
 _NUMBERS = (bool, int, float, complex)
+
+
+def _layout(meta: Any) -> Any:
+    """A new tensor's metadata as its memory is laid out: sizes, dtype, and the strides of
+    the dimensions longer than one (the others' strides say nothing)."""
+    if meta is None:
+        return None
+    sizes, strides, dtype = meta[:3]
+    if 0 in sizes:
+        return sizes, dtype
+    return sizes, [st for n, st in zip(sizes, strides, strict=True) if n > 1], dtype
 
 
 def _number_dtype(value: Any) -> torch.dtype:

@@ -13,8 +13,8 @@ from ._dispatch import Dispatcher, contiguous_strides, restride
 
 __all__ = ["install"]
 
-#: ``_fused_sdp_choice``'s answer for the flash attention kernel
-_SDP_FLASH = 1
+#: ``_fused_sdp_choice``'s answers for the math and the flash attention kernels
+_SDP_MATH, _SDP_FLASH = 0, 1
 
 
 def install(dispatcher: Dispatcher) -> None:
@@ -97,6 +97,8 @@ def install(dispatcher: Dispatcher) -> None:
         args = (query, key, value, attn_mask, dropout_p, is_causal)
         options = {"scale": scale, "enable_gqa": enable_gqa}
         choice = dispatcher.run(aten._fused_sdp_choice.default, _real(args), options)
+        if attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled():
+            choice = _SDP_MATH  # as the CPU chooses: the flash kernel has no mask gradient
         if attn_mask is not None and attn_mask.dtype == torch.bool:
             # as ATen does before either kernel: a boolean mask as an additive one (0 where
             # True, -inf where False) in the query's dtype

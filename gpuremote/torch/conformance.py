@@ -38,12 +38,14 @@ from ._tensors import DEVICE
 __all__ = [
     "DTYPES",
     "Case",
+    "Listed",
     "Outcome",
     "cases",
     "load_unsupported",
     "main",
     "op_db",
     "run_case",
+    "unexpected",
 ]
 
 #: the dtypes of the full matrix, by name
@@ -118,9 +120,18 @@ def _differentiable(op: Any, dtype: torch.dtype) -> bool:
     return bool(op.supports_autograd) and (dtype.is_floating_point or dtype.is_complex)
 
 
-def load_unsupported(path: Path) -> dict[str, str]:
-    """The cases a checked-in file lists as not supported: ``id  # reason`` per line."""
-    out: dict[str, str] = {}
+@dataclass(frozen=True)
+class Listed:
+    """A case a checked-in list expects not to end equal: ``kind`` "error" (the device
+    refuses it, clearly) or "differs" (its result is not the CPU's bitwise, for ``reason``)."""
+
+    kind: str
+    reason: str
+
+
+def load_unsupported(path: Path) -> dict[str, Listed]:
+    """The cases a checked-in file lists: ``id [differs]  # reason`` per line."""
+    out: dict[str, Listed] = {}
     if not path.exists():
         return out
     for line in path.read_text().splitlines():
@@ -128,7 +139,26 @@ def load_unsupported(path: Path) -> dict[str, str]:
         if not text or text.startswith("#"):
             continue
         case, _, reason = text.partition("#")
-        out[case.strip()] = reason.strip()
+        words = case.split()
+        kind = "differs" if words[1:] == ["differs"] else "error"
+        out[words[0]] = Listed(kind, reason.strip())
+    return out
+
+
+def unexpected(outcomes: dict[str, dict[str, Any]], listed: dict[str, Listed]) -> dict[str, str]:
+    """The outcomes a list does not account for: a crash, an unlisted error or wrong answer,
+    a case listed as an error that gives an answer, one listed as differing that raises."""
+    out = {}
+    for case, record in outcomes.items():
+        status, entry = record["status"], listed.get(case)
+        if status == "crash":
+            out[case] = f"crash: {record['detail']}"
+        elif status in ("error", "wrong") and entry is None:
+            out[case] = f"{status}, not listed: {record['detail']}"
+        elif status == "wrong" and entry is not None and entry.kind != "differs":
+            out[case] = f"a wrong answer, listed as an error: {record['detail']}"
+        elif status == "error" and entry is not None and entry.kind == "differs":
+            out[case] = f"an error, listed as differing: {record['detail']}"
     return out
 
 
@@ -337,6 +367,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write each case's outcome here")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     parser.add_argument(
+        "--expected",
+        type=Path,
+        help="a list of the cases not expected equal (tests/torch_opinfo_unsupported.txt): "
+        "exit 1 on any outcome it does not account for",
+    )
+    parser.add_argument(
         "--isolate",
         action="store_true",
         help="run the cases in a child process, restarted after one that kills it",
@@ -379,21 +415,26 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(results)} cases in {time.perf_counter() - started:.0f} s")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    if args.expected is not None:
+        surprises = unexpected(results, load_unsupported(args.expected))
+        for case_id, why in sorted(surprises.items()):
+            print(f"unexpected {case_id}: {why}", file=sys.stderr)
+        return 1 if surprises else 0
     return 1 if any(c["wrong"] or c["crash"] for c in rows.values()) else 0
 
 
 def _without_output(argv: list[str]) -> list[str]:
-    out, skip = [], False
+    """The child's arguments: the parent's, without what only the parent does (writing the
+    outcomes, the table, checking them against a list)."""
+    out: list[str] = []
+    skip = False
     for a in argv:
         if skip:
             skip = False
-            continue
-        if a == "--json":
+        elif a in ("--json", "--expected"):
             skip = True
-            continue
-        if a.startswith("--json=") or a == "--markdown":
-            continue
-        out.append(a)
+        elif a != "--markdown" and not a.startswith(("--json=", "--expected=")):
+            out.append(a)
     return out
 
 
