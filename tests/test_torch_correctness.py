@@ -330,3 +330,20 @@ def test_a_program_that_ends_without_closing_exits_cleanly() -> None:
     )
     assert run.returncode == 0 and "done" in run.stdout, run.stderr[-2000:]
     assert "terminate called" not in run.stderr
+
+
+def test_the_autocast_table_is_cudas() -> None:
+    """Every op this torch registers for CUDA's autocast has CUDA's policy on the device
+    (the table may hold ops of another release, which are not registered)."""
+    from gpuremote.torch._autocast import POLICIES
+
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    cuda = {
+        name.removeprefix("aten::")
+        for name in torch._C._dispatch_get_all_op_names()
+        if name.startswith("aten::") and has(name, "AutocastCUDA")
+    }
+    assert cuda <= set(POLICIES), sorted(cuda - set(POLICIES))
+    ops = {name.removeprefix("aten::") for name in torch._C._dispatch_get_all_op_names()}
+    registered = {n for n in POLICIES if n in ops and has(f"aten::{n}", "AutocastPrivateUse1")}
+    assert registered == cuda, sorted(registered ^ cuda)

@@ -14,7 +14,7 @@ stands for a GPU), each op with CUDA's cast policy:
 As in ATen, the casts of float32 leaf tensors that require grad (a model's weights) to the
 autocast dtype are cached until the outermost autocast region exits, so a weight used
 twice is cast once and its gradient accumulates once; ``binary_cross_entropy`` is refused
-(use ``binary_cross_entropy_with_logits``). ``tests/test_torch_amp.py`` checks the table
+(use ``binary_cross_entropy_with_logits``). ``tests/test_torch_correctness.py`` checks the table
 against the ops torch registers for CUDA's autocast.
 """
 
@@ -38,12 +38,14 @@ _APPEND_DTYPE = "fp32_append_dtype"
 _PROMOTE = "promote"
 _BANNED = "banned"
 
-#: op (``packet`` or ``packet.overload``) -> CUDA's cast policy (torch 2.13)
+#: op (``packet`` or ``packet.overload``) -> CUDA's cast policy (torch 2.13 and 2.14: an op
+#: that the running release does not put on CUDA's lists is not registered)
 POLICIES: dict[str, str] = {
     **dict.fromkeys(
         (
             "_convolution",
             "_convolution.deprecated",
+            "_cudnn_rnn",
             "_scaled_dot_product_flash_attention",
             "_thnn_fused_gru_cell",
             "_thnn_fused_lstm_cell",
@@ -105,6 +107,7 @@ POLICIES: dict[str, str] = {
             "kl_div",
             "l1_loss",
             "layer_norm",
+            "linalg_matrix_sqrth",
             "log",
             "log10",
             "log1p",
@@ -304,12 +307,17 @@ def install(lib: Any, fallbacks: Any) -> None:
     library) and every other op's passing through with ``fallbacks`` (a ``_`` IMPL
     library), and drop the cached casts where torch drops its own."""
     fallbacks.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
+    cuda = {
+        name.removeprefix("aten::")
+        for name in torch._C._dispatch_get_all_op_names()
+        if name.startswith("aten::")
+        and torch._C._dispatch_has_kernel_for_dispatch_key(name, "AutocastCUDA")
+    }
     for name, policy in POLICIES.items():
-        packet_name, _, overload = name.partition(".")
-        packet = getattr(torch.ops.aten, packet_name, None)
-        op = getattr(packet, overload or "default", None) if packet is not None else None
-        if op is None:  # not in this torch release
+        if name not in cuda:  # not on this torch release's lists
             continue
+        packet_name, _, overload = name.partition(".")
+        op = getattr(getattr(torch.ops.aten, packet_name), overload or "default")
         lib.impl(name, _kernel(name, op, policy), "AutocastPrivateUse1")
     clear = torch.clear_autocast_cache
 

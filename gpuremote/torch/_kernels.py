@@ -106,9 +106,17 @@ def install(dispatcher: Dispatcher) -> None:
             attn_mask = additive.masked_fill_(attn_mask.logical_not(), float("-inf"))
         cpu = dispatcher.driver(query.device.index).info.get("backend") != "cupy"
         if choice == _SDP_FLASH and cpu:
-            return aten._scaled_dot_product_flash_attention_for_cpu(
+            # the kernel takes (batch, heads, tokens, features): unbatched inputs (which
+            # torch 2.14 sends this way) as a batch of one
+            unbatched = query.dim() == 3
+            if unbatched:
+                query, key, value = query[None], key[None], value[None]
+                if attn_mask is not None and attn_mask.dim() == 3:
+                    attn_mask = attn_mask[None]
+            out = aten._scaled_dot_product_flash_attention_for_cpu(
                 query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
             )[0]
+            return out[0] if unbatched else out
         return aten._scaled_dot_product_attention_math(
             query, key, value, attn_mask, dropout_p, is_causal, None, **options
         )[0]
