@@ -347,3 +347,12 @@ def test_the_autocast_table_is_cudas() -> None:
     ops = {name.removeprefix("aten::") for name in torch._C._dispatch_get_all_op_names()}
     registered = {n for n in POLICIES if n in ops and has(f"aten::{n}", "AutocastPrivateUse1")}
     assert registered == cuda, sorted(registered ^ cuda)
+
+
+def test_a_dataloader_that_pins_memory_feeds_the_device() -> None:
+    """``pin_memory=True`` (the default of many training scripts, and of Hugging Face's
+    ``Trainer``): plain host memory for this device, whose copies go by the network."""
+    data = torch.utils.data.TensorDataset(torch.arange(16.0).view(8, 2))
+    loader = torch.utils.data.DataLoader(data, batch_size=4, pin_memory=True)
+    sums = [batch.to(DEV, non_blocking=True).sum().item() for (batch,) in loader]
+    assert sums == [28.0, 92.0]

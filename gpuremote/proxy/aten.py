@@ -330,7 +330,7 @@ class AtenSession:
         else:
             tensors = [self.tensor(d) for d in descs]
             if copies:
-                tensors = [t.clone() for t in tensors]
+                tensors = [_copy_with_layout(t) for t in tensors]
             #: the memory of the operands: a tensor the op made there is not its own
             self.operand_memory = {t.untyped_storage().data_ptr() for t in tensors}
         args = [self.decode(a, tensors) for a in encoded[0]]
@@ -635,6 +635,17 @@ _NUMPY_OF: dict[str, Any] = {
     "torch.complex64": np.complex64,
     "torch.complex128": np.complex128,
 }
+
+
+def _copy_with_layout(t: Any) -> Any:
+    """A copy of tensor ``t`` laid out as it is (its strides, zero or overlapping ones
+    included: a kernel chooses its outputs' layouts from its operands'): the span of memory
+    it reaches, copied, viewed as ``t`` views its own."""
+    if not t.numel():
+        return t.clone()
+    span = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
+    flat = t.as_strided((span,), (1,), t.storage_offset()).clone()
+    return flat.as_strided(t.shape, t.stride(), 0)
 
 
 def _histc_of_integers(op: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:

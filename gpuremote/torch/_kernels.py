@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from ._dispatch import Dispatcher, contiguous_strides, restride
+from ._tensors import DEVICE
 
 __all__ = ["install"]
 
@@ -164,6 +165,16 @@ def install(dispatcher: Dispatcher) -> None:
         return dispatcher.empty(list(size), contiguous_strides(size), dtype, device)
 
     lib.impl("_efficientzerotensor", zero_tensor, "PrivateUse1")
+
+    def pin_memory(self: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
+        # host memory for this device (a DataLoader's ``pin_memory=True`` asks for it): the
+        # device's copies go by the network, from any host memory; a copy, as pinning is
+        if device is not None and device.type != DEVICE:
+            raise RuntimeError(f"pinned memory for {device} is not available in this build")
+        return self.clone(memory_format=torch.contiguous_format)
+
+    # a CPU tensor's kernel (every other device's pinned memory comes from its C++ hooks)
+    lib.impl("_pin_memory", pin_memory, "CPU")
     lib.impl("empty.memory_format", empty_memory_format, "PrivateUse1")
     lib.impl("empty_strided", empty_strided, "PrivateUse1")
     # the lazy conjugate and negative bits: the copy makes the values physical itself
