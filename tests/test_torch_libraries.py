@@ -9,6 +9,8 @@ as CUDA does: the same seed gives the same numbers only where the same ops draw 
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import importlib
 from collections.abc import Callable
 from typing import Any
@@ -16,17 +18,25 @@ from typing import Any
 import pytest
 
 torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
 
 import gpuremote.torch as gt  # noqa: E402
 
 pytestmark = pytest.mark.slow
 DEV = "gpuremote"
 V = 100  # the vocabularies' size
+#: imported by the first test that needs it (not at collection: its thousands of modules
+#: would make every full garbage collection of the rest of the suite slower)
+transformers: Any = None
 
 
 @pytest.fixture(scope="module", autouse=True)
 def device() -> Any:
+    global transformers
+    transformers = pytest.importorskip("transformers")
+    with contextlib.suppress(ImportError):
+        import diffusers  # noqa: F401
+    gc.collect()
+    gc.freeze()  # the libraries' modules live as long as the process: out of the GC's way
     with gt.connect_local("numpy") as conn:
         yield conn
 
