@@ -37,13 +37,23 @@ from ._tensors import (
     new_tensor,
 )
 
-__all__ = ["Dispatcher", "contiguous_strides", "restride"]
+__all__ = ["Dispatcher", "NeedsData", "contiguous_strides", "restride"]
 
 _C = CALLS_BY_NAME
 _ATEN, _ATEN_DYNAMIC, _ALLOC = _C["aten"], _C["aten_dynamic"], _C["alloc"]
 _ATEN_SHAPES = _C["aten_shapes"]
 _H2D, _D2H, _SEED = _C["copy_h2d"], _C["copy_d2h"], _C["aten_seed"]
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+#: the tags of the ops whose results depend on the data (``nonzero``, ``.item()``)
+_NEEDS_DATA_TAGS = frozenset({torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output})
+
+
+class NeedsData(RuntimeError):
+    """A meta kernel met an op that needs the data (``.item()`` inside a composite op):
+    the op's results come from the proxy (``_local_scalar_dense``'s meta kernel, which
+    ``install`` registers, raises it with torch's own message)."""
+
+
 #: ops whose non-tensor answer depends on the signature alone: asked once, then kept
 _ASK_ONCE = frozenset({"_fused_sdp_choice"})
 #: the ops whose meta kernels lay out some of their outputs otherwise than the CPU's (and
@@ -144,7 +154,9 @@ class _Plan:
         )
         # an op returning a number waits for it; one whose shapes depend on the data waits
         # where its meta kernel cannot tell them (``index`` with a mask, not with indices)
-        self.dynamic = any(str(r.type) not in ("Tensor", "List[Tensor]") for r in schema.returns)
+        self.dynamic = any(
+            str(r.type) not in ("Tensor", "List[Tensor]") for r in schema.returns
+        ) or any(t in _NEEDS_DATA_TAGS for t in op.tags)
         #: per return: (position, name) of the argument it is (in-place, out=), else None
         self.returns: list[tuple[int, str] | None] = []
         for r in schema.returns:
@@ -476,12 +488,9 @@ class Dispatcher:
         mkwargs = {k: to_meta(v) for k, v in kwargs.items()}
         try:
             result = op(*margs, **mkwargs)
-        except NotImplementedError:  # no meta kernel, or the shapes depend on the data
+        except (NotImplementedError, NeedsData):  # no meta kernel; an op in it reads data
             return None
-        except RuntimeError as exc:
-            if "meta" in str(exc).lower():  # the same: "cannot be called on meta tensors"
-                return None
-            raise  # the arguments' error, as the local op raises it
+        # any other error is the arguments', raised as the local op raises it
         plan = self.plan(op)
         results = _returns(result, len(plan.returns))
         news: list[tuple[list[int], list[int], torch.dtype, int, str] | None] = []

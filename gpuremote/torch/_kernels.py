@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ._dispatch import Dispatcher, contiguous_strides, restride
+from ._dispatch import Dispatcher, NeedsData, contiguous_strides, restride
 from ._tensors import DEVICE
 
 __all__ = ["install"]
@@ -165,6 +165,12 @@ def install(dispatcher: Dispatcher) -> None:
         return dispatcher.empty(list(size), contiguous_strides(size), dtype, device)
 
     lib.impl("_efficientzerotensor", zero_tensor, "PrivateUse1")
+
+    def item_of_meta(self: torch.Tensor) -> Any:
+        # torch's own message, as a type the metadata step tells apart from an argument error
+        raise NeedsData("Tensor.item() cannot be called on meta tensors")
+
+    lib.impl("_local_scalar_dense", item_of_meta, "Meta")
 
     def pin_memory(self: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
         # host memory for this device (a DataLoader's ``pin_memory=True`` asks for it): the
