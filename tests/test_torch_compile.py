@@ -223,7 +223,7 @@ def _aten(op: str, operands: list[Any], outputs: list[Any], inplace: bool = Fals
 @pytest.mark.parametrize(
     "what, expected",
     [
-        ("off the allow-list", "not allowed"),
+        ("off the allow-list", "not on this proxy's allow-list"),
         ("past its buffer", "reaches byte"),
         ("another session's buffer", "unknown buffer handle"),
     ],

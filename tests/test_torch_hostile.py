@@ -11,14 +11,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytest.importorskip("torch", reason="the proxy runs ATen ops with the [torch] extra")
+torch = pytest.importorskip("torch", reason="the proxy runs ATen ops with the [torch] extra")
 
-from gpuremote.core.driver import SyncDriver
-from gpuremote.errors import RemoteCallError
-from gpuremote.proxy.aten import load_torch
-from gpuremote.proxy.state import CallFailed
-from gpuremote.tools.proxyprocess import LocalProxy
-from gpuremote.wire.calls import BUFFER, CALLS_BY_NAME
+from gpuremote.core.driver import SyncDriver  # noqa: E402
+from gpuremote.errors import RemoteCallError  # noqa: E402
+from gpuremote.proxy.aten import load_torch  # noqa: E402
+from gpuremote.proxy.state import CallFailed  # noqa: E402
+from gpuremote.tools.proxyprocess import LocalProxy  # noqa: E402
+from gpuremote.wire.calls import BUFFER, CALLS_BY_NAME  # noqa: E402
 
 C = CALLS_BY_NAME
 
@@ -81,14 +81,15 @@ def _goes_on(d: SyncDriver, h: int, expected: list[float]) -> None:
 @pytest.mark.parametrize(
     "op, why",
     [
-        ("from_file.default", "not allowed"),
-        ("set_.source_Storage", "not allowed"),
-        ("as_strided.default", "not allowed"),
-        ("_pin_memory.default", "not allowed"),
-        ("view.default", "returns a view"),
-        ("no_such_op.default", "unknown ATen op"),
-        ("__import__.os", "unknown ATen op"),
-        ("add.Tensor; import os", "not an ATen op name"),
+        ("from_file.default", "not on this proxy's allow-list"),
+        ("set_.source_Storage", "not on this proxy's allow-list"),
+        ("as_strided.default", "not on this proxy's allow-list"),
+        ("_pin_memory.default", "not on this proxy's allow-list"),
+        ("empty.memory_format", "not on this proxy's allow-list"),
+        ("view.default", "not on this proxy's allow-list"),
+        ("no_such_op.default", "not on this proxy's allow-list"),
+        ("__import__.os", "not on this proxy's allow-list"),
+        ("add.Tensor; import os", "not on this proxy's allow-list"),
     ],
 )
 def test_an_op_off_the_allow_list_is_refused(
@@ -186,3 +187,38 @@ def test_a_proxy_without_torch_names_the_extra(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setitem(sys.modules, "torch", None)
     with pytest.raises(CallFailed, match=r"gpuremote\[torch\]"):
         load_torch()
+
+
+def test_the_allow_list_is_the_checked_in_table_of_this_release() -> None:
+    """The table (``gpuremote/ops/aten/torch-X.Y.tsv``) is what the rules make of this
+    torch release's ops, line for line: a new release's additions and drops show in the
+    diff (``python -m gpuremote.ops.aten`` prints them; ``--write`` writes the table)."""
+    from gpuremote.ops import aten
+
+    version = aten.release(torch)
+    made = {row.name: row for row in aten.generate(torch)}
+    assert aten.allowed(version) == made, "python -m gpuremote.ops.aten shows the difference"
+    assert "add.Tensor" in made and "empty.memory_format" not in made
+
+
+def test_an_op_is_run_only_as_its_table_line_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An op missing from the table, or listed with another schema than this build's, is
+    refused (the rules are the generator's; the proxy reads the table)."""
+    from gpuremote.ops import aten
+    from gpuremote.proxy.aten import resolve_op
+    from gpuremote.proxy.state import CallFailed
+
+    version = aten.release(torch)
+    table = dict(aten.allowed(version))
+    assert resolve_op("add.Tensor").op is torch.ops.aten.add.Tensor
+    del table["add.Tensor"]
+    table["mul.Tensor"] = table["mul.Tensor"]._replace(schema="aten::mul.Tensor(Tensor a)")
+    monkeypatch.setattr(aten, "allowed", lambda v: table)
+    resolve_op.cache_clear()
+    try:
+        with pytest.raises(CallFailed, match="not on this proxy's allow-list"):
+            resolve_op("add.Tensor")
+        with pytest.raises(CallFailed, match="not the one its allow-list reviewed"):
+            resolve_op("mul.Tensor")
+    finally:
+        resolve_op.cache_clear()

@@ -4,17 +4,18 @@ A client sends an op by name (``add.out``: packet and overload of ``torch.ops.at
 tensor operands as strided descriptors into the session's buffers (``TensorDesc``) and its
 other arguments as plain values (``[args, kwargs]``, a tensor as ``{"t": index}``). Here:
 
-- the op must be on the **allow-list**: an ATen compute op whose every argument is a tensor or
-  a plain value (no storage, stream, file name or host pointer), that returns no view (views
-  are metadata, kept on the client) and is not one of the ops that reach outside a tensor's
-  memory (``set_``, ``resize_``, ``as_strided``, ...);
+- the op must be on the **allow-list** of this torch release, with the schema it has here:
+  the checked-in table of ``gpuremote.ops.aten`` (compute ops on tensors and plain values:
+  no storage, stream, file name or host pointer, no view, nothing that reaches outside a
+  tensor's memory or hands out memory nobody wrote);
 - every operand is **bounds-checked** against its buffer before a tensor is made of it: a
   tensor is a zero-copy strided view of one of this session's buffers, so no op can read or
   write memory the session does not hold;
-- each tensor the op returns that is not one of its operands fills the new buffer the client
-  named for it, laid out as the client's metadata says (the client's meta kernels decided
-  the shapes; where a meta kernel and the real one disagree, the client's layout wins and an
-  empty client tensor takes nothing);
+- each tensor the op returns that is not one of its operands becomes the new buffer the
+  client named for it (its memory, where it covers every byte and is laid out as the
+  client's metadata says; else copied into a zeroed buffer of that layout); a result of
+  another shape or dtype than the client's metadata says is refused (the client asks this
+  kernel, ``aten_shapes``, where its meta kernels are known to differ);
 - ops with randomness draw from the **session's own generator** (seeded by the client's
   ``torch.manual_seed``), never from the process's, so sessions stay apart and reproducible.
 
@@ -32,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from ..ops import aten as aten_ops
 from ..wire.protocol import TENSOR_DTYPES, TensorDesc
 from .state import CallFailed, SessionState
 
@@ -39,68 +41,6 @@ __all__ = ["AtenSession", "aten_session", "check_recorded", "load_torch", "resol
 
 #: the seed of a session's generator before the client seeds it (torch's own default)
 DEFAULT_SEED = 67280421310721
-
-#: argument types of the schemas an allowed op may have (``str(argument.type)``)
-_ALLOWED_TYPES = frozenset(
-    {
-        "Tensor",
-        "Optional[Tensor]",
-        "List[Tensor]",
-        "List[Optional[Tensor]]",
-        "int",
-        "Optional[int]",
-        "List[int]",
-        "Optional[List[int]]",
-        "SymInt",
-        "Optional[SymInt]",
-        "List[SymInt]",
-        "Optional[List[SymInt]]",
-        "float",
-        "Optional[float]",
-        "List[float]",
-        "Optional[List[float]]",
-        "bool",
-        "Optional[bool]",
-        "List[bool]",
-        "number",
-        "Optional[number]",
-        "List[number]",
-        "ScalarType",
-        "Optional[ScalarType]",
-        "Optional[Layout]",
-        "Optional[Device]",
-        "Optional[MemoryFormat]",
-        "str",
-        "Optional[str]",
-        "Optional[Generator]",
-    }
-)
-#: parts of the names of ops that reach beyond a tensor's memory or out of the process
-_DENIED = (
-    "as_strided",
-    "set_",
-    "resize",
-    "storage",
-    "from_file",
-    "pin_memory",
-    "record_stream",
-    "_nested",
-    "sparse",
-    "mkldnn",
-    "cudnn",
-    "miopen",
-    "fbgemm",
-    "_debug",
-    "_print",
-    "_assert",
-    "_make_per",
-    "lift",
-    "_use_",
-    "data_ptr",
-    # factories of uninitialised memory: memory another session freed (the client makes
-    # its empty tensors by ``alloc``, which zeroes)
-    "empty",
-)
 
 
 def load_torch() -> Any:
@@ -146,26 +86,28 @@ class AllowedOp:
 
 @functools.lru_cache(maxsize=4096)
 def resolve_op(name: str) -> AllowedOp:
-    """The allowed ATen op ``packet.overload``; ``CallFailed`` for any other name."""
+    """The ATen op ``packet.overload`` of this torch release's allow-list (``gpuremote.ops.
+    aten``: its table, checked in, lists the op with the schema it has here); ``CallFailed``
+    for any other name."""
     torch = load_torch()
+    version = aten_ops.release(torch)
+    table = aten_ops.allowed(version)
+    if not table:
+        raise CallFailed(
+            f"this proxy has no allow-list of ATen ops for torch {version} "
+            f"(python -m gpuremote.ops.aten --write makes one to review)"
+        )
+    row = table.get(name)
+    if row is None:
+        raise CallFailed(f"ATen op {name!r} is not on this proxy's allow-list (torch {version})")
     packet_name, _, overload = name.partition(".")
-    if not packet_name.isidentifier() or (overload and not overload.isidentifier()):
-        raise CallFailed(f"{name!r} is not an ATen op name (packet.overload)")
-    if any(d in packet_name for d in _DENIED):
-        raise CallFailed(f"ATen op {name!r} is not allowed on this proxy")
     packet = getattr(torch.ops.aten, packet_name, None)
-    op = getattr(packet, overload or "default", None) if packet is not None else None
-    if op is None or not isinstance(op, torch._ops.OpOverload):
-        raise CallFailed(f"unknown ATen op {name!r}")
-    schema = op._schema
-    if any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns):
-        raise CallFailed(f"ATen op {name!r} returns a view: views are made by the client")
-    for a in schema.arguments:
-        if str(a.type) not in _ALLOWED_TYPES:
-            raise CallFailed(f"ATen op {name!r} is not allowed: it takes a {a.type} ({a.name})")
-    for r in schema.returns:
-        if str(r.type) not in ("Tensor", "List[Tensor]", "int", "float", "bool", "number"):
-            raise CallFailed(f"ATen op {name!r} is not allowed: it returns a {r.type}")
+    op = getattr(packet, overload, None) if packet is not None else None
+    if not isinstance(op, torch._ops.OpOverload) or str(op._schema) != row.schema:
+        raise CallFailed(
+            f"ATen op {name!r} of this torch build is not the one its allow-list reviewed "
+            f"({row.schema})"
+        )
     return AllowedOp(op, torch)
 
 
@@ -440,7 +382,7 @@ class AtenSession:
         """The tensors of ``result`` that the op made (not those it wrote into operands)."""
         out: list[Any] = []
         for (is_list, aliases), r in zip(
-            allowed.returns, _returns(result, allowed.n_returns), strict=True
+            allowed.returns, aten_ops.returns(result, allowed.n_returns), strict=True
         ):
             if aliases:
                 continue
@@ -546,7 +488,7 @@ class AtenSession:
         """The reply of a data-dependent op: each return as a value, made tensors as
         ``{"t": [sizes, dtype]}`` in order, tensors it wrote as ``None``."""
         torch = self.torch
-        results = _returns(result, allowed.n_returns)
+        results = aten_ops.returns(result, allowed.n_returns)
         made = iter(metas)
         out: list[Any] = []
         for (is_list, aliases), r in zip(allowed.returns, results, strict=True):
@@ -659,13 +601,6 @@ def _histc_of_integers(op: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
 
 #: ops a GPU's kernels take and the CPU's do not (for some dtypes): how a CPU proxy runs them
 _CPU_GAPS = {"histc.default": _histc_of_integers}
-
-
-def _returns(result: Any, n: int) -> tuple[Any, ...]:
-    """An op's result as one value per return of its schema."""
-    if n == 1:
-        return (result,)
-    return () if n == 0 else tuple(result)
 
 
 def _frozen(value: Any) -> Any:

@@ -25,6 +25,7 @@ import torch
 
 from ..core.driver import SyncDriver
 from ..errors import RemoteCallError
+from ..ops.aten import returns
 from ..wire.calls import BUFFER, CALLS_BY_NAME
 from ._encoding import Encoder
 from ._tensors import (
@@ -492,7 +493,7 @@ class Dispatcher:
             return None
         # any other error is the arguments', raised as the local op raises it
         plan = self.plan(op)
-        results = _returns(result, len(plan.returns))
+        results = returns(result, len(plan.returns))
         news: list[tuple[list[int], list[int], torch.dtype, int, str] | None] = []
         resized: list[tuple[tuple[int, str], list[int], list[int]]] = []
         counts: list[int] = []  # per return made: its number of tensors (-1: one, not a list)
@@ -729,13 +730,6 @@ def _itemsize(dtype: torch.dtype) -> int:
     if size is None:
         size = _ITEMSIZE[dtype] = torch.empty((), dtype=dtype).element_size()
     return size
-
-
-def _returns(result: Any, n: int) -> tuple[Any, ...]:
-    """An op's result as one value per return of its schema."""
-    if n == 1:
-        return (result,)
-    return () if n == 0 else tuple(result)
 
 
 def _unreturn(values: list[Any]) -> Any:
