@@ -14,6 +14,8 @@ from typing import Any, TypedDict
 
 import numpy as np
 
+from .torch_runtime import TorchRuntime
+
 __all__ = ["Backend", "BackendError", "DeviceInfo", "ReceivedMemory", "buffer_owner"]
 
 
@@ -167,49 +169,14 @@ class Backend(ReceivedMemory, abc.ABC):
         """A buffer (flat ``uint8``) holding ``array``'s data in C order (a copy if needed)."""
         return self.xp.ascontiguousarray(array).reshape(-1).view(self.xp.uint8)
 
-    # PyTorch (``gpuremote.proxy.aten``): torch is imported by the caller before these
-    def torch_device(self) -> Any:
-        """The torch device this backend's buffers live on."""
-        import torch
+    # PyTorch (``gpuremote.proxy.aten``)
+    def torch_runtime(self) -> TorchRuntime:
+        """Where this backend's buffers meet PyTorch (the CPU's runtime, for NumPy
+        buffers)."""
+        return TorchRuntime(self)
 
-        return torch.device("cpu")
-
-    def torch_buffer(self, buf: Any) -> Any:
-        """Buffer ``buf`` as a flat ``torch.uint8`` tensor sharing its memory."""
-        import torch
-
-        return torch.from_numpy(buf)
-
-    #: a tensor an ATen op made may become a buffer as it is (``adopt_torch`` keeps its
-    #: memory), instead of being copied into one the session allocated
-    keeps_torch_results = True
-
-    def adopt_torch(self, tensor: Any) -> Any:
-        """A buffer of the bytes of ``tensor``'s storage, which the tensor fills (its memory
-        where the backend can keep it)."""
-        import torch
-
-        return torch.empty(0, dtype=torch.uint8).set_(tensor.untyped_storage()).numpy()
-
-    def run_torch(
-        self,
-        job: Callable[[], Any],
-        reads: Sequence[Any],
-        writes: Sequence[Any],
-        stream: Any,
-        wait: bool = False,
-    ) -> Any:
-        """Run ``job`` (torch ops on views of buffers ``reads`` and ``writes``) in order on
-        ``stream``; returns its result (``wait``: the caller needs it on the host now)."""
-        self.synchronize(stream)
-        return job()
-
-    #: the simulated GPU whose time ops take (``sim:a100``): ATen ops count their work then
+    #: the simulated GPU whose time ops take (``sim:a100``), else None
     profile: Any = None
-
-    def torch_work(self, stream: Any, flops: float, nbytes: float, dtype: Any) -> None:
-        """An ATen op of ``flops`` (matrix products, convolutions, attention: 0 for the
-        rest) and ``nbytes`` moved ran on ``stream``: a simulated GPU takes its time."""
 
     # streams and events
     @abc.abstractmethod

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..wire.framing import byte_view
 from .base import Backend, BackendError, DeviceInfo, buffer_owner
+from .torch_runtime import TorchRuntime
 
 __all__ = ["CupyBackend"]
 
@@ -65,41 +66,8 @@ class CupyBackend(Backend):
         self._freed: deque[tuple[list[Any], list[Any]]] = deque()
         self._pool = cp.get_default_memory_pool()
 
-    # -- PyTorch: tensors as DLPack views of CuPy buffers, run on the session's stream ----
-    def torch_device(self) -> Any:
-        import torch
-
-        return torch.device("cuda", self._device.id)
-
-    def torch_buffer(self, buf: Any) -> Any:
-        import torch
-
-        return torch.from_dlpack(buf)
-
-    #: torch's caching allocator frees in its own stream order, not the session's: copied
-    keeps_torch_results = False
-
-    def adopt_torch(self, tensor: Any) -> Any:
-        import torch
-
-        flat = torch.empty(0, dtype=torch.uint8, device=tensor.device)
-        return cp.from_dlpack(flat.set_(tensor.untyped_storage()))
-
-    def run_torch(
-        self,
-        job: Callable[[], Any],
-        reads: Sequence[Any],
-        writes: Sequence[Any],
-        stream: Any,
-        wait: bool = False,
-    ) -> Any:
-        import torch
-
-        with torch.cuda.stream(torch.cuda.ExternalStream(stream.ptr, device=self.torch_device())):
-            result = job()
-        if wait:
-            stream.synchronize()
-        return result
+    def torch_runtime(self) -> TorchRuntime:
+        return CupyTorchRuntime(self)
 
     def device_info(self) -> DeviceInfo:
         props = cp.cuda.runtime.getDeviceProperties(self._device.id)
@@ -289,3 +257,43 @@ class CupyBackend(Backend):
                 kernel(grid, block, tuple(args))
             else:
                 kernel(*args)
+
+
+class CupyTorchRuntime(TorchRuntime):
+    """PyTorch on CuPy's buffers: tensors as DLPack views of them, ops run on the session's
+    CUDA stream."""
+
+    #: torch's caching allocator frees in its own stream order, not the session's: copied
+    keeps_results = False
+
+    def device(self) -> Any:
+        import torch
+
+        return torch.device("cuda", self.backend._device.id)
+
+    def buffer(self, buf: Any) -> Any:
+        import torch
+
+        return torch.from_dlpack(buf)
+
+    def adopt(self, tensor: Any) -> Any:
+        import torch
+
+        flat = torch.empty(0, dtype=torch.uint8, device=tensor.device)
+        return cp.from_dlpack(flat.set_(tensor.untyped_storage()))
+
+    def run(
+        self,
+        job: Callable[[], Any],
+        reads: Sequence[Any],
+        writes: Sequence[Any],
+        stream: Any,
+        wait: bool = False,
+    ) -> Any:
+        import torch
+
+        with torch.cuda.stream(torch.cuda.ExternalStream(stream.ptr, device=self.device())):
+            result = job()
+        if wait:
+            stream.synchronize()
+        return result

@@ -33,6 +33,7 @@ import numpy as np
 from .base import BackendError, DeviceInfo, OpRun
 from .numpy_backend import NumpyBackend
 from .profiles import PROFILES, DeviceProfile, copy_time, op_time, work_time
+from .torch_runtime import TorchRuntime
 
 __all__ = ["SimBackend", "SimOptions"]
 
@@ -214,24 +215,8 @@ class SimBackend(NumpyBackend):
 
         self._put(stream, job, sum(self._op_s(*run) for run in batch))
 
-    def run_torch(
-        self,
-        job: Callable[[], Any],
-        reads: Sequence[Any],
-        writes: Sequence[Any],
-        stream: Any,
-        wait: bool = False,
-    ) -> Any:
-        stream.wait()  # the work queued before has run (its data), not the simulated clock
-        result = job()
-        if wait:  # the answer goes to the host: when the simulated device has got there
-            self._wait(stream)
-        return result
-
-    def torch_work(self, stream: Any, flops: float, nbytes: float, dtype: Any) -> None:
-        if self.profile is not None:  # element-wise work: an op per element moved, at most
-            work = flops if flops else nbytes / max(1, getattr(dtype, "itemsize", 4))
-            self._stamp(stream, work_time(self.profile, work, nbytes, dtype, bool(flops)))
+    def torch_runtime(self) -> TorchRuntime:
+        return SimTorchRuntime(self)
 
     def _op_s(self, op: Any, ins: Sequence[Any], outs: Sequence[Any], params: Any) -> float:
         """An op's device time under the profile (0 without one)."""
@@ -357,3 +342,28 @@ class SimOptions:
         if options.check and options.profile is not None:
             raise BackendError("sim: check and a device profile do not combine (yet)")
         return options
+
+
+class SimTorchRuntime(TorchRuntime):
+    """PyTorch on the simulated device: ops run on its stream's worker, in order with the
+    rest, and take the time its profile gives their work (FLOPs, bytes moved)."""
+
+    def run(
+        self,
+        job: Callable[[], Any],
+        reads: Sequence[Any],
+        writes: Sequence[Any],
+        stream: Any,
+        wait: bool = False,
+    ) -> Any:
+        stream.wait()  # the work queued before has run (its data), not the simulated clock
+        result = job()
+        if wait:  # the answer goes to the host: when the simulated device has got there
+            self.backend._wait(stream)
+        return result
+
+    def work(self, stream: Any, flops: float, nbytes: float, dtype: Any) -> None:
+        profile = self.backend.profile
+        if profile is not None:  # element-wise work: an op per element moved, at most
+            work = flops if flops else nbytes / max(1, getattr(dtype, "itemsize", 4))
+            self.backend._stamp(stream, work_time(profile, work, nbytes, dtype, bool(flops)))

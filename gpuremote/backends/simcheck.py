@@ -34,7 +34,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .base import BackendError, DeviceInfo, OpRun
-from .sim_backend import SimBackend, _Event, _Stream
+from .sim_backend import SimBackend, SimTorchRuntime, _Event, _Stream
+from .torch_runtime import TorchRuntime
 
 __all__ = ["HOST", "POISON", "Checker", "SimCheckBackend", "StreamRace"]
 
@@ -465,24 +466,8 @@ class SimCheckBackend(SimBackend):
 
         stream.put(job)
 
-    keeps_torch_results = False  # every buffer comes from the checked pool
-
-    def adopt_torch(self, tensor: Any) -> Any:
-        return self.as_buffer(super().adopt_torch(tensor))
-
-    def run_torch(
-        self,
-        job: Callable[[], Any],
-        reads: Sequence[Any],
-        writes: Sequence[Any],
-        stream: Any,
-        wait: bool = False,
-    ) -> Any:
-        # checked as a launch is (each buffer whole), then run in order on the stream
-        self.checker.access(stream.clock, reads, writes)
-        stream.wait()
-        self.checker.host_waited(stream.clock)
-        return job()
+    def torch_runtime(self) -> TorchRuntime:
+        return CheckedTorchRuntime(self)
 
     # -- waiting ---------------------------------------------------------------------------
     def to_host(self, src: Any, stream: Any) -> np.ndarray[Any, Any]:
@@ -526,3 +511,27 @@ class SimCheckBackend(SimBackend):
         if done:
             self.checker.host_saw(event.vc)
         return done
+
+
+class CheckedTorchRuntime(SimTorchRuntime):
+    """PyTorch on the checked device: each op's buffers are checked as a launch's are
+    (whole), and every result is copied into the checked pool."""
+
+    keeps_results = False  # every buffer comes from the checked pool
+
+    def adopt(self, tensor: Any) -> Any:
+        return self.backend.as_buffer(super().adopt(tensor))
+
+    def run(
+        self,
+        job: Callable[[], Any],
+        reads: Sequence[Any],
+        writes: Sequence[Any],
+        stream: Any,
+        wait: bool = False,
+    ) -> Any:
+        checker = self.backend.checker
+        checker.access(stream.clock, reads, writes)
+        stream.wait()
+        checker.host_waited(stream.clock)
+        return job()

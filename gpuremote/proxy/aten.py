@@ -117,7 +117,9 @@ class AtenSession:
     def __init__(self, state: SessionState) -> None:
         torch = self.torch = load_torch()
         self.state = state
-        self.device = state.backend.torch_device()
+        #: where the backend's buffers meet torch (its device, views, stream order)
+        self.runtime = state.backend.torch_runtime()
+        self.device = self.runtime.device()
         if self.device.type == "cuda":  # float32 as float32 (no TF32), reproducible kernels
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
@@ -125,12 +127,12 @@ class AtenSession:
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(DEFAULT_SEED)
         #: a simulated GPU times each op by its work (FLOPs as torch counts them, bytes)
-        self.timed = state.backend.profile is not None
+        self.timed = self.runtime.profile is not None
         #: the last op's (FLOPs, bytes moved, dtype), where ``timed``
         self.work: tuple[float, float, Any] | None = None
         #: a device that times ops without computing them (``sim:a100,compute=0``): ops run
         #: on shapes alone (torch's meta tensors), what they make is left undefined
-        self.shapes_only = not getattr(state.backend, "compute", True)
+        self.shapes_only = not self.runtime.computes
         #: there: (op, layouts, arguments) -> (its result, what it made, its work)
         self._shapes_seen: dict[Any, tuple[Any, list[Any], Any]] = {}
         self.dtypes = {name: getattr(torch, name) for name in TENSOR_DTYPES}
@@ -194,7 +196,7 @@ class AtenSession:
             if nbytes < itemsize:  # no element fits (a 0-byte view of bytes has stride 0)
                 typed = self.torch.empty(0, dtype=dtype, device=self.device)
                 return typed.as_strided(desc.sizes, desc.strides, 0)
-            base = s.backend.torch_buffer(buf)
+            base = self.runtime.buffer(buf)
             if itemsize > 1:
                 base = base[: nbytes - nbytes % itemsize]
             typed = base.view(dtype)
@@ -450,7 +452,7 @@ class AtenSession:
                 and r._base is None
                 and r.numel() * r.element_size() == d.extent  # dense: no byte unwritten
             ):
-                s.adopt(d.handle, s.backend.adopt_torch(r), d.extent)
+                s.adopt(d.handle, self.runtime.adopt(r), d.extent)
             else:
                 s.alloc(d.handle, d.extent)
                 copy.append((r, d))
@@ -479,7 +481,7 @@ class AtenSession:
                 or r.untyped_storage().data_ptr() in self.operand_memory
             ):
                 r = r.clone(memory_format=self.torch.contiguous_format)  # its own, compact
-            flat = s.backend.adopt_torch(r)
+            flat = self.runtime.adopt(r)
             s.adopt(h, flat, int(r.numel()) * r.element_size())
             metas.append([list(r.shape), str(r.dtype).removeprefix("torch.")])
         return metas
@@ -560,10 +562,11 @@ def _check_indices(value: Any, n: int) -> None:
 
 def aten_session(state: SessionState) -> AtenSession:
     """The session's PyTorch state, made on its first ATen op."""
-    aten: AtenSession | None = state.aten
-    if aten is None:
-        aten = state.aten = AtenSession(state)
-    return aten
+    aten = state.aten
+    if isinstance(aten, AtenSession):
+        return aten
+    made = state.aten = AtenSession(state)
+    return made
 
 
 _PLAIN = contextlib.nullcontext()

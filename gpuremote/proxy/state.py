@@ -171,8 +171,9 @@ class SessionState:
         self.step_calls = 0  # the kept steps' calls, together
         self.private_handles = itertools.count(-1, -1)  # handles of steps' intermediates
         self.checked_launches: dict[Any, Any] = {}  # launch signature -> its op, once checked
-        #: the session's PyTorch state (``gpuremote.proxy.aten``), made on its first ATen op
-        self.aten: Any = None
+        #: the session's PyTorch state (``gpuremote.proxy.aten.AtenSession``: its generator,
+        #: its torch runtime), made on its first ATen op; opaque here
+        self.aten: object = None
         #: the backend checks stream semantics (``sim:check``): it is told each call first
         self.checks = backend.checks
         #: deferred errors, for the next SYNC command; the streams whose work is skipped

@@ -37,7 +37,7 @@ def aten(
     a = aten_session(s)
     # each output becomes the tensor the op made, where its layout is the client's and the
     # backend keeps such memory; else a buffer allocated first, which the op's results fill
-    keep = s.backend.keeps_torch_results
+    keep = a.runtime.keeps_results
     if keep:
         a.check_outputs(outputs)
     else:
@@ -55,7 +55,7 @@ def aten(
                 _, _, made = a.call(op, tensors, args)
                 (a.keep_outputs if keep else a.fill_outputs)(op, made, outputs)
 
-        s.backend.run_torch(run, reads, writes, ctx.stream)  # in order on the stream
+        a.runtime.run(run, reads, writes, ctx.stream)  # in order on the stream
     except BaseException:
         for d in outputs:  # the client holds these handles whatever happened
             if d.handle not in s.buffers:
@@ -68,7 +68,7 @@ def aten(
 def _timed(s: SessionState, ctx: BatchContext, a: AtenSession) -> None:
     """A simulated GPU takes the op's time (``SessionState.backend.profile``)."""
     if a.work is not None:
-        s.backend.torch_work(ctx.stream, *a.work)
+        a.runtime.work(ctx.stream, *a.work)
         a.work = None
 
 
@@ -91,7 +91,7 @@ def aten_dynamic(
             _, result, made = a.call(op, tensors, args)
             return a.encode_result(allowed, result, a.adopt_results(op, made, outputs))
 
-    answer = s.backend.run_torch(run, reads, writes, ctx.stream, wait=True)
+    answer = a.runtime.run(run, reads, writes, ctx.stream, wait=True)
     _timed(s, ctx, a)
     return answer
 
@@ -111,7 +111,7 @@ def aten_shapes(
         with a.isolated():
             return a.shapes(op, tensors, args)
 
-    return s.backend.run_torch(run, reads, [], ctx.stream, wait=True)
+    return a.runtime.run(run, reads, [], ctx.stream, wait=True)
 
 
 def aten_seed(s: SessionState, ctx: BatchContext, seed: int) -> None:

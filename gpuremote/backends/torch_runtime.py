@@ -1,0 +1,76 @@
+"""Where a backend's buffers meet PyTorch on the proxy (``gpuremote.proxy.aten`` runs
+ATen ops on them): one ``TorchRuntime`` per backend, made by ``Backend.torch_runtime()``.
+
+This one is the CPU's, for buffers that are NumPy arrays (the NumPy backend's): tensors are
+zero-copy views of them, a tensor an op made becomes a buffer as it is, and ops run at once
+in the calling thread. The CuPy backend's runs ops on the session's CUDA stream
+(``cupy_backend``), the simulated device's takes their time (``sim_backend``), the checker's
+checks their accesses (``simcheck``). torch is imported by the caller before any of these
+is used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["TorchRuntime"]
+
+
+class TorchRuntime:
+    """How one backend's buffers become tensors, and its ATen ops run, on the proxy (the
+    CPU's: see the module docstring)."""
+
+    #: a tensor an ATen op made may become a buffer as it is (``adopt`` keeps its memory),
+    #: instead of being copied into one the session allocated
+    keeps_results = True
+
+    def __init__(self, backend: Any) -> None:
+        #: the ``Backend`` whose buffers these are
+        self.backend = backend
+
+    def device(self) -> Any:
+        """The torch device the backend's buffers live on."""
+        import torch
+
+        return torch.device("cpu")
+
+    def buffer(self, buf: Any) -> Any:
+        """Buffer ``buf`` as a flat ``torch.uint8`` tensor sharing its memory."""
+        import torch
+
+        return torch.from_numpy(buf)
+
+    def adopt(self, tensor: Any) -> Any:
+        """A buffer of the bytes of ``tensor``'s storage, which the tensor fills (its memory
+        where the backend can keep it)."""
+        import torch
+
+        return torch.empty(0, dtype=torch.uint8).set_(tensor.untyped_storage()).numpy()
+
+    def run(
+        self,
+        job: Callable[[], Any],
+        reads: Sequence[Any],
+        writes: Sequence[Any],
+        stream: Any,
+        wait: bool = False,
+    ) -> Any:
+        """Run ``job`` (torch ops on views of buffers ``reads`` and ``writes``) in order on
+        ``stream``; returns its result (``wait``: the caller needs it on the host now)."""
+        self.backend.synchronize(stream)
+        return job()
+
+    #: the simulated GPU whose time ops take (``sim:a100``): ATen ops count their work then
+    @property
+    def profile(self) -> Any:
+        return getattr(self.backend, "profile", None)
+
+    #: ops run on shapes alone (a simulated device that times without computing)
+    @property
+    def computes(self) -> bool:
+        return bool(getattr(self.backend, "compute", True))
+
+    def work(self, stream: Any, flops: float, nbytes: float, dtype: Any) -> None:
+        """An ATen op of ``flops`` (matrix products, convolutions, attention: 0 for the
+        rest) and ``nbytes`` moved ran on ``stream``: a simulated GPU takes its time."""
