@@ -307,7 +307,7 @@ def test_a_proxy_that_stops_answering_is_left_after_call_timeout_s(tmp_path: Any
 
         async def scenario() -> None:
             # one checkpoint, done before the proxy hangs (a checkpoint in flight would hold
-            # the standby until the proxies' peer deadline: docs/failover.md)
+            # the standby until the proxies' peer deadline: docs/reference/failover.md)
             options = {"secret": secret, "call_timeout_s": 0.5, "checkpoint_interval_s": 3600}
             async with gpuremote.connect(pa.url, failover=[pa.url, pb.url], **options) as gpu:
                 w = gpu.asarray(np.zeros(256, dtype=np.float32))

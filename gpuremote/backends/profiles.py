@@ -4,7 +4,7 @@
 the op's floating-point work and the bytes it moves (from its shapes and dtypes), against the
 GPU's peak FLOP/s for the dtype and its memory bandwidth, and never less than a per-kernel
 floor (launch and tail). Host-device copies take the copy floor plus their bytes at the GPU's
-PCIe figure. The figures, with their public sources, are in ``docs/device-profiles.md``; the
+PCIe figure. The figures, with their public sources, are in ``docs/reference/device-profiles.md``; the
 floors are estimates (no datasheet gives them), said so there.
 
 Pure functions of shapes and dtypes: nothing here computes, waits or allocates.
@@ -61,7 +61,7 @@ class DeviceProfile:
         return table["float32"]
 
 
-# Sources (see docs/device-profiles.md for the table and links):
+# Sources (see docs/reference/device-profiles.md for the table and links):
 #  V100: NVIDIA Tesla V100 datasheet (SXM2 32 GB): FP64 7.8, FP32 15.7, tensor 125 TFLOPS;
 #        HBM2 900 GB/s; PCIe Gen3 x16 32 GB/s bidirectional.
 #  A100: NVIDIA A100 datasheet (SXM4 80 GB): FP64 9.7 (tensor 19.5), FP32 19.5, TF32 156,

@@ -23,7 +23,7 @@ The application sees a pause, a log line (logger ``gpuremote.failover``) and ``f
 restored buffers plus the re-run journal give the state an uninterrupted run would have (the
 backends compute deterministically); a synchronising call whose answer carried a deferred
 error is re-run as a plain synchronisation, its answer dropped, so that the error is raised
-once. What cannot be restored (``docs/failover.md``) raises ``FailoverError`` (a
+once. What cannot be restored (``docs/reference/failover.md``) raises ``FailoverError`` (a
 ``ConnectionClosed``) at the next synchronising call, naming it.
 """
 
