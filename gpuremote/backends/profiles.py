@@ -4,8 +4,9 @@
 the op's floating-point work and the bytes it moves (from its shapes and dtypes), against the
 GPU's peak FLOP/s for the dtype and its memory bandwidth, and never less than a per-kernel
 floor (launch and tail). Host-device copies take the copy floor plus their bytes at the GPU's
-PCIe figure. The figures, with their public sources, are in ``docs/reference/device-profiles.md``; the
-floors are estimates (no datasheet gives them), said so there.
+PCIe figure. The figures, with their public sources, are in
+``docs/reference/device-profiles.md``; the floors are estimates (no datasheet gives them),
+said so there.
 
 Pure functions of shapes and dtypes: nothing here computes, waits or allocates.
 """
