@@ -97,6 +97,7 @@ def test_an_async_synchronous_op_makes_at_most_so_many_python_calls(
     assert counted["python_calls_per_op"] <= ASYNC_SYNC_OP_CEILING, counted
 
 
+@pytest.mark.slow
 def test_the_floor_script_measures_the_three_and_splits_gpuremote_by_layer() -> None:
     """``scripts/floor_xp_op.py`` (the op beside NumPy and a bare skeleton of its round trip)
     runs; the three agree on the result (it checks), and the layers, timed apart, add up to

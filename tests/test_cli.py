@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 STATS = {"min", "p50", "p90", "p99", "p999", "max", "mean"}
 
 
+@pytest.mark.slow
 def test_bench_ping_json_schema(tmp_path: Path, cli_json: Callable[..., Any]) -> None:
     samples = tmp_path / "ping.csv"
     out = cli_json(
@@ -46,6 +47,7 @@ def test_bench_ping_json_schema(tmp_path: Path, cli_json: Callable[..., Any]) ->
     assert len(rows) == 180 and all(int(r["ns"]) > 0 for r in rows)
 
 
+@pytest.mark.slow
 def test_bench_ping_spin_wait(cli_json: Callable[..., Any]) -> None:
     out = cli_json(
         "bench", "ping", "--count", "30", "--warmup", "2", "--backend", "numpy", "--spin-us", "100"
@@ -71,6 +73,7 @@ def test_bench_ping_inproc_and_size(cli_json: Callable[..., Any]) -> None:
     assert out["transport"] == "inproc" and out["size"] == 1000 and out["baseline_rtt_us"] is None
 
 
+@pytest.mark.slow
 def test_bench_throughput_json_schema(cli_json: Callable[..., Any]) -> None:
     out = cli_json(
         "bench",
@@ -108,6 +111,7 @@ def test_bench_api_json_schema(cli_json: Callable[..., Any]) -> None:
     assert trips["sync"] >= 1.0 and trips["pipelined"] == pytest.approx(1 / 300)
 
 
+@pytest.mark.slow
 def test_bench_against_a_running_proxy_by_url(cli_json: Callable[..., Any]) -> None:
     with LocalProxy("tcp", "numpy") as proxy:  # no --bench-echo: no baselines, and says so
         out = cli_json("bench", "ping", "--url", proxy.url, "--count", "20", "--warmup", "2")
@@ -115,6 +119,7 @@ def test_bench_against_a_running_proxy_by_url(cli_json: Callable[..., Any]) -> N
     assert "bench-echo" in out["baseline_note"]
 
 
+@pytest.mark.slow
 def test_bench_human_output_when_not_a_terminal(cli: Cli) -> None:
     proc = cli("bench", "ping", "--count", "40", "--warmup", "2")
     assert proc.returncode == 0, proc.stderr
@@ -122,6 +127,7 @@ def test_bench_human_output_when_not_a_terminal(cli: Cli) -> None:
     assert "\x1b[" not in proc.stdout  # no animation codes into a pipe
 
 
+@pytest.mark.slow
 def test_demo_runs_and_checks_its_result(cli: Cli) -> None:
     proc = cli("demo", "--steps", "3", "--batch", "32", "--hidden", "16", "--backend", "numpy")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -155,6 +161,7 @@ def test_serve_reports_a_bad_backend(cli: Cli) -> None:
     assert proc.returncode == 2 and "cupy backend is not available" in proc.stderr
 
 
+@pytest.mark.slow
 def test_info_and_connection_errors(cli: Cli) -> None:
     with LocalProxy("tcp", "numpy") as proxy:
         proc = cli("info", "--url", proxy.url)
@@ -163,6 +170,7 @@ def test_info_and_connection_errors(cli: Cli) -> None:
     assert proc.returncode == 1 and "cannot connect" in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport", ["tcp", "inproc"])
 def test_bench_ops_json(cli_json: Callable[..., Any], transport: str) -> None:
     out = cli_json(
@@ -200,6 +208,7 @@ def test_bench_ops_json(cli_json: Callable[..., Any], transport: str) -> None:
     assert cases["transformer_step"]["slowdown"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to split")
 def test_bench_ops_pins_the_two_processes(cli_json: Callable[..., Any], cli: Any) -> None:
     out = cli_json(
@@ -213,6 +222,7 @@ def test_bench_ops_pins_the_two_processes(cli_json: Callable[..., Any], cli: Any
     assert proc.returncode != 0 and "--pin needs the proxy the bench starts" in proc.stderr
 
 
+@pytest.mark.slow
 def test_bench_peer_json(cli_json: Callable[..., Any]) -> None:
     result = cli_json("bench", "peer", "--mib", "4", "--rounds", "2")
     assert result["bench"] == "peer" and result["bytes"] == 4 << 20

@@ -193,6 +193,7 @@ async def test_shadow_get_makes_no_transfer_until_the_device_writes(gpu: gpuremo
     np.testing.assert_array_equal(got, 2 * np.arange(1000, dtype=np.float64))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "switches",
     [
@@ -230,6 +231,7 @@ async def test_deferred_error_in_no_async_mode_still_names_the_call(url: str) ->
             await gpu.synchronize()
 
 
+@pytest.mark.slow
 async def test_freeing_explicitly_and_by_garbage_collection(gpu: gpuremote.GPU) -> None:
     x = gpu.asarray(np.ones(100, np.float32))
     y = gpu.exp(x)
@@ -321,6 +323,7 @@ async def test_proxy_going_away_fails_the_client(url: str, proxy: tuple[Proxy, s
     await gpu.aclose()
 
 
+@pytest.mark.slow
 async def test_protocol_garbage_closes_only_that_connection(proxy: tuple[Proxy, str]) -> None:
     url = proxy[1]
     good = await gpuremote.connect(url)

@@ -23,6 +23,7 @@ EXAMPLES = int(os.environ.get("GPUREMOTE_ARRAY_API_EXAMPLES", "3"))
 pytestmark = pytest.mark.skipif(not SUITE.is_dir(), reason=f"the suite is not at {SUITE}")
 
 
+@pytest.mark.slow
 def test_the_array_api_test_suite_passes(tmp_path: Path) -> None:
     pytest.importorskip("ndindex", reason="the suite needs ndindex (the [test] extra)")
     pytest.importorskip("pytest_jsonreport", reason="the suite needs pytest-json-report")

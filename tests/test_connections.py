@@ -35,6 +35,7 @@ async def _read_all(reader: asyncio.StreamReader, timeout: float) -> bytes:
     return b"".join(chunks)
 
 
+@pytest.mark.slow
 async def test_a_connection_that_never_handshakes_is_closed_and_counted() -> None:
     proxy = Proxy("numpy", handshake_timeout_s=0.3)
     url = await proxy.start("tcp://127.0.0.1:0")
@@ -93,6 +94,7 @@ def test_the_decoder_buffer_starts_small_and_grows_on_demand() -> None:
     assert frame is not None and bytes(frame.buffers[0]) == payload
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux /proc")
 async def test_idle_connections_hold_little_memory_and_go_at_the_deadline() -> None:
     from gpuremote.proxy.heap import rss_bytes

@@ -80,6 +80,7 @@ def test_a_negative_delay_is_refused() -> None:
         Deadlines(-1.0, lambda k: None, asyncio.new_event_loop())
 
 
+@pytest.mark.slow
 async def test_the_heap_keeper_collects_once_a_flood_has_drained(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -136,6 +136,7 @@ def test_each_kind_of_call_is_estimated_by_its_own_rule() -> None:
 
 
 # -- sessions beside each other -------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("sim_proxy", [50_000], indirect=True)
 async def test_a_session_waiting_on_the_device_does_not_delay_another(
     sim_proxy: tuple[Proxy, str],
@@ -197,6 +198,7 @@ async def test_a_heavy_numpy_batch_runs_beside_the_loop() -> None:
         await proxy.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sim_proxy", [100_000], indirect=True)
 async def test_a_client_gone_with_work_in_flight_leaks_nothing(
     sim_proxy: tuple[Proxy, str],
@@ -399,6 +401,7 @@ async def test_sessions_taking_turns_run_at_once_without_a_contention_window() -
     assert ran == ["a", "b", "a", "b", "a"]
 
 
+@pytest.mark.slow
 def test_bench_load_spreads_clients_over_processes(cli_json: Any) -> None:
     out = cli_json(
         "bench", "load", "--backend", "numpy", "--clients", "6", "--procs", "2",
@@ -433,6 +436,7 @@ async def test_a_cheap_batch_waits_for_the_heavy_one_before_it() -> None:
         await proxy.close()
 
 
+@pytest.mark.slow
 def test_serve_takes_the_simulated_backend(cli: Any) -> None:
     import json as _json
 

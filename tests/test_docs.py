@@ -64,6 +64,7 @@ def test_every_public_name_has_a_docstring() -> None:
     assert not missing, f"public names without a docstring: {missing}"
 
 
+@pytest.mark.slow
 def test_every_public_name_is_in_the_api_reference(site: Path) -> None:
     html = (site / "reference" / "api" / "index.html").read_text()
     ids = set(re.findall(r'id="([^"]+)"', html))
@@ -150,6 +151,7 @@ def _rendered(browser: str, page: Path) -> _Page:
     return parsed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "page, title",
     [

@@ -96,6 +96,7 @@ async def test_bad_emulator_options_are_refused() -> None:
         await gpuremote.connect("emu+carrier://x:1?rtt=1ms")
 
 
+@pytest.mark.slow
 def test_bench_emu_reports_the_emulators_error(cli: Cli) -> None:
     import json
 

@@ -120,6 +120,7 @@ async def test_training_goes_on_after_its_proxy_is_lost_with_the_same_weights(
     assert "moved from" in caplog.text
 
 
+@pytest.mark.slow
 def test_a_proxy_process_killed_with_sigkill(tmp_path: Any) -> None:
     """A real loss (the process dies; its connections reset), through xp."""
     secret = tmp_path / "secret"
@@ -250,6 +251,7 @@ async def test_checkpoints_go_through_the_client_without_a_peer_and_skip_uploads
         assert not move["standby"] and move["restored_bytes"] >= (1 << 20)
 
 
+@pytest.mark.slow
 async def test_the_journal_bound_takes_a_checkpoint(local: _Local) -> None:
     a, b = await local.start(2)
     options = {"checkpoint_interval_s": 3600, "journal_max_calls": 200}
@@ -268,6 +270,7 @@ async def test_the_journal_bound_takes_a_checkpoint(local: _Local) -> None:
         assert longest < 600  # 3,000 calls went by: checkpoints cut the journal
 
 
+@pytest.mark.slow
 async def test_with_no_proxy_left_the_session_fails_naming_why(local: _Local) -> None:
     a, b = await local.start(2)
     gpu = await gpuremote.connect(a, failover=[a, b], failover_timeout_s=0.5)
@@ -295,6 +298,7 @@ async def test_failover_options_are_checked(local: _Local) -> None:
         assert "failovers" not in gpu.stats()
 
 
+@pytest.mark.slow
 def test_a_proxy_that_stops_answering_is_left_after_call_timeout_s(tmp_path: Any) -> None:
     """No reply within ``call_timeout_s`` (the process is stopped, its connections open)."""
     secret = "t" * 32

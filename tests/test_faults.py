@@ -46,6 +46,7 @@ def proxy_port() -> Iterator[int]:
         p.wait()
 
 
+@pytest.mark.slow
 def test_the_default_device_reconnects_after_the_proxy_restarts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -120,6 +121,7 @@ kept = asyncio.run(main())
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["async", "xp", "inproc"])
 def test_a_script_ending_with_live_arrays_exits_silently(
     script: str, proxy_port: int, tmp_path: Path

@@ -114,6 +114,7 @@ def proxy_url(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
         yield request.param, proxy.url
 
 
+@pytest.mark.slow
 def test_a_session_never_reads_what_another_wrote(proxy_url: tuple[str, str]) -> None:
     """One process writes a mark into buffers of many sizes through every front end and
     exits; a second process allocates buffers of those sizes every way there is and reads

@@ -97,6 +97,7 @@ def test_model_on_hand_made_traces() -> None:
     assert predict(shadow, rtt, bw, optimized=False).seconds == pytest.approx(rtt + 1e-3)
 
 
+@pytest.mark.slow
 def test_trace_and_predict_commands(tmp_path: Path, cli: Cli) -> None:
     path = tmp_path / "t.json"
     out = cli("trace", "transformer", "-o", str(path), timeout=120)
@@ -114,6 +115,7 @@ def test_trace_and_predict_commands(tmp_path: Path, cli: Cli) -> None:
     assert load_trace(tmp_path / "again.json")[0] == trace
 
 
+@pytest.mark.slow
 def test_bench_requirements_json_schema(tmp_path: Path, cli: Cli) -> None:
     out = cli(
         "bench",

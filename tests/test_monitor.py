@@ -131,6 +131,7 @@ async def test_top_view_renders_rates_and_totals(
     assert row["peer"] in text and "sync p99" in text
 
 
+@pytest.mark.slow
 def test_top_once_json_from_the_command_line(cli: Cli) -> None:
     with LocalProxy("tcp", "numpy", extra_args=("--admin-token", TOKEN)) as proxy:
         env = {**os.environ, "GPUREMOTE_ADMIN_TOKEN": TOKEN}

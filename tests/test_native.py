@@ -82,6 +82,7 @@ def test_an_extension_file_the_manifest_does_not_vouch_for_is_not_imported(
     assert all(str(f).endswith(".py") for f in out["files"]), out  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 def test_both_builds_answer_alike(python_json: PythonJson) -> None:
     """The same op, compiled and pure, in two interpreters: the same bytes back."""
     program = """

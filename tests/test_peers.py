@@ -202,6 +202,7 @@ def test_proxies_that_are_no_peers_copy_through_the_client(proxies: _Proxies) ->
     assert pb.peers is not None and len(pb.peers) == 0 and pb.peers.refused == 1
 
 
+@pytest.mark.slow
 async def test_a_silent_peer_holds_no_device_worker(proxies: _Proxies) -> None:
     # one device worker, and a peer that accepts but never answers: the import fails at its
     # deadline, and meanwhile the proxy's other sessions are served, off-loop work included

@@ -42,6 +42,7 @@ async def _verified_client(i: int) -> tuple[gpuremote.GPU, gpuremote.RemoteArray
     return gpu, a  # the array stays on the proxy
 
 
+@pytest.mark.slow
 def test_status_of_a_new_pool(pool: Any) -> None:
     rows = pool.status()
     assert len(rows) == 2 and len(pool.actors) == 2
@@ -108,6 +109,7 @@ async def test_unknown_pool_is_a_clear_error(ray_address: str) -> None:
         await gpuremote.connect("pool://nope")
 
 
+@pytest.mark.slow
 def test_to_device_between_two_proxies_of_the_pool(pool: Any) -> None:
     host = np.random.default_rng(0).standard_normal(16 << 20).astype(np.float32)  # 64 MiB
     d1, d2 = xp.connect("pool://test-pool", devices=2)
@@ -130,6 +132,7 @@ def test_to_device_between_two_proxies_of_the_pool(pool: Any) -> None:
         d2.close()
 
 
+@pytest.mark.slow
 def test_a_killed_proxy_is_restarted(ray_address: str) -> None:
     pool = gr.start_pool(2, name="test-kill", num_gpus=0, backend="numpy")
     try:
@@ -170,6 +173,7 @@ def test_a_killed_proxy_is_restarted(ray_address: str) -> None:
         pool.stop()
 
 
+@pytest.mark.slow
 def test_pool_cli(ray_address: str, cli: Any) -> None:
     name = "test-cli"
     start = cli(
@@ -223,6 +227,7 @@ def failover_pool(ray_address: str) -> Iterator[Any]:
     p.stop()
 
 
+@pytest.mark.slow
 def test_a_session_survives_its_proxy_killed_twice(failover_pool: Any) -> None:
     """The demo's MLP, 400 steps on a pool of two; the session's proxy killed before step
     200 and again before step 300: the run ends with the uninterrupted run's weights."""
@@ -251,6 +256,7 @@ def test_a_session_survives_its_proxy_killed_twice(failover_pool: Any) -> None:
     assert "failovers" not in ref[3]
 
 
+@pytest.mark.slow
 def test_an_xp_loop_survives_its_proxy_killed(failover_pool: Any) -> None:
     failover_pool.wait_ready()
 
@@ -279,6 +285,7 @@ def test_an_xp_loop_survives_its_proxy_killed(failover_pool: Any) -> None:
     np.testing.assert_array_equal(got[1], ref[1])
 
 
+@pytest.mark.slow
 async def test_bench_failover_reports_each_move(ray_address: str) -> None:
     from gpuremote.bench.failover import FailoverBenchConfig, run_failover
 

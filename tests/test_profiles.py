@@ -225,6 +225,7 @@ async def test_emulated_latency_adds_to_the_bare_path_in_one_event_loop() -> Non
         await proxy.close()
 
 
+@pytest.mark.slow
 def test_bench_requirements_over_emu_inproc_json(tmp_path: Path, cli: Cli) -> None:
     import json
 

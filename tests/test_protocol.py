@@ -123,6 +123,7 @@ def commands(draw: Any) -> tuple[list[list[Any]], list[list[Any]], list[memoryvi
     return cmds, arrays, [memoryview(b"payload")]
 
 
+@pytest.mark.slow
 @given(commands())
 @settings(max_examples=300, deadline=None)
 def test_every_command_kind_round_trips(batch: Any) -> None:
@@ -387,6 +388,7 @@ def _lanes_agree(frame: Frame, limits: FrameLimits) -> None:
         assert _same(decode_batch(frame, limits), expected)
 
 
+@pytest.mark.slow
 @given(request_frames())
 @settings(max_examples=1500, deadline=None)
 def test_the_typed_lane_decodes_as_the_checks_one_at_a_time_do(case: Any) -> None:

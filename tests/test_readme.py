@@ -242,6 +242,7 @@ def _runnable(lang: str) -> list[Block]:
     return [b for b in BLOCKS if b.lang == lang and b.skipped is None]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", _runnable("bash"), ids=lambda b: b.where)
 def test_bash_block(block: Block, shell: Shell) -> None:
     for line in block.text.splitlines():
@@ -249,6 +250,7 @@ def test_bash_block(block: Block, shell: Shell) -> None:
     shell.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", _runnable("python"), ids=lambda b: b.where)
 def test_python_block(block: Block, shell: Shell) -> None:
     shell.run_line("gpuremote serve --listen tcp://127.0.0.1:5151 --backend numpy")

@@ -95,6 +95,7 @@ async def test_auth_refused_with_a_wrong_or_missing_secret(secured: str) -> None
         await gpuremote.connect(secured)
 
 
+@pytest.mark.slow
 async def test_nothing_runs_before_authentication(secured: str) -> None:
     """A client that skips hello and sends work is cut off before anything runs."""
     conn = await _raw_connect(secured)
@@ -121,6 +122,7 @@ async def test_secret_from_environment_and_file(
         await gpu.synchronize()
 
 
+@pytest.mark.slow
 def test_serve_refuses_an_exposed_address_without_a_secret(cli: Cli) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUREMOTE_SECRET")}
     out = cli("serve", "--listen", "tcp://0.0.0.0:0", timeout=30, env=env)
@@ -332,6 +334,7 @@ CLIENT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 async def test_killed_client_leaves_nothing_behind() -> None:
     proxy = gpuremote.Proxy("numpy")
     url = await proxy.start("tcp://127.0.0.1:0")
@@ -354,6 +357,7 @@ async def test_killed_client_leaves_nothing_behind() -> None:
         await proxy.close()
 
 
+@pytest.mark.slow
 async def test_killed_proxy_fails_pending_calls_within_the_timeout() -> None:
     local = LocalProxy("tcp", "numpy")
     url = local.start()
@@ -387,6 +391,7 @@ async def test_killed_proxy_fails_pending_calls_within_the_timeout() -> None:
         await gpu2.aclose()
 
 
+@pytest.mark.slow
 async def test_a_client_that_stops_reading_gets_backpressure() -> None:
     proxy = gpuremote.Proxy("numpy")
     url = await proxy.start("tcp://127.0.0.1:0")
@@ -413,6 +418,7 @@ async def test_a_client_that_stops_reading_gets_backpressure() -> None:
         await proxy.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport", ["tcp", pytest.param("ucx", marks=needs_ucx)])
 def test_sigterm_finishes_in_flight_work_tells_clients_and_exits_0(transport: str) -> None:
     script = textwrap.dedent("""
@@ -462,6 +468,7 @@ def test_sigterm_finishes_in_flight_work_tells_clients_and_exits_0(transport: st
     assert "shutting down" in out["after"] or "shut down" in out["after"]
 
 
+@pytest.mark.slow
 def test_bench_load_json_schema(cli: Cli) -> None:
     out = cli(
         "bench",
@@ -484,6 +491,7 @@ def test_bench_load_json_schema(cli: Cli) -> None:
     assert result["proxy_rss_mb"]["before"] > 0
 
 
+@pytest.mark.slow
 def test_bench_fuzz_short_run_keeps_the_proxy_serving(cli: Cli, network_scheme: str) -> None:
     out = cli(
         "bench", "fuzz", "--seconds", "1", "--backend", "numpy", "--transport", network_scheme,
@@ -496,6 +504,7 @@ def test_bench_fuzz_short_run_keeps_the_proxy_serving(cli: Cli, network_scheme: 
     assert result["url"].startswith(f"{network_scheme}://") and result["proxy_alive"]
 
 
+@pytest.mark.slow
 async def test_serve_max_frame_bytes_bounds_what_a_client_can_send() -> None:
     with LocalProxy("tcp", "numpy", extra_args=("--max-frame-bytes", str(1 << 20))) as proxy:
         async with gpuremote.connect(proxy.url) as good:

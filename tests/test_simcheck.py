@@ -122,6 +122,7 @@ def _reference_races(steps: list[tuple[Any, ...]]) -> list[bool]:
     return out
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.lists(_STEP, min_size=4, max_size=20))
 @example([("w", 0, 0), ("rec", 0, 0), ("wait", 1, 0), ("r", 1, 0)])  # the event orders them

@@ -52,6 +52,7 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw", "adam_fused"])
 def test_an_mlp_trains_as_on_the_cpu_with_one_round_trip_a_step(
     device: str, optimizer: str
@@ -173,6 +174,7 @@ def _program(dev: str) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.slow
 def test_a_plain_pytorch_program_gives_the_cpus_results(device: str) -> None:
     local = _program("cpu")
     local["load device"] = {"gpuremote"}
@@ -311,6 +313,7 @@ def test_recurrent_layers_run_and_train(device: str) -> None:
             assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["resnet18", "bert", "gpt2"])
 def test_the_papers_models_train_as_on_the_cpu(device: str, name: str) -> None:
     w = workload(name, "small")
@@ -381,6 +384,7 @@ def test_the_devices_generator_is_seeded_by_torch_manual_seed(device: str) -> No
     assert 300 < int((drop == 0).sum().item()) < 700
 
 
+@pytest.mark.slow
 def test_torch_compile_runs_its_graphs_op_by_op_on_the_device(device: str) -> None:
     """``backend="aot_eager"``: the forward and backward graphs' ATen ops run on the device
     as eager ones do (a backend that ships graphs whole is another issue's)."""
@@ -426,6 +430,7 @@ def test_stats_have_the_keys_of_the_async_api(device: str) -> None:
         assert key in stats
 
 
+@pytest.mark.slow
 def test_a_proxy_process_over_tcp_serves_pytorch() -> None:
     """The program above, against a ``gpuremote serve --backend numpy`` process."""
     local = _program("cpu")
@@ -444,6 +449,7 @@ def test_more_than_one_device_says_why_not() -> None:
         gt.connect("tcp://127.0.0.1:1", devices=2)
 
 
+@pytest.mark.slow
 def test_a_torch_session_survives_a_proxy_killed_mid_training(tmp_path: Any) -> None:
     """``failover=``: the session moves to the other proxy (buffers, the generator's state,
     the calls since the checkpoint) and training goes on as if nothing happened, bitwise,

@@ -56,6 +56,7 @@ def _delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, int]:
     return {k: after[k] - before[k] for k in keys}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["resnet18", "bert", "gpt2"])
 def test_compiled_models_train_as_eager_on_the_cpu(device: str, name: str) -> None:
     """3 training steps (AdamW, clipping) of each small model: the forward and the backward
@@ -73,6 +74,7 @@ def test_compiled_models_train_as_eager_on_the_cpu(device: str, name: str) -> No
     assert d["round_trips"] <= 3 + len(got[1]) + 2
 
 
+@pytest.mark.slow
 def test_a_plain_pytorch_cnn_compiled_against_a_proxy_process() -> None:
     """A CNN with batch norm, layer norm, GELU and pooling, AdamW with clipping, 6 steps
     under ``torch.compile(backend="gpuremote")`` against a ``gpuremote serve --backend
@@ -143,6 +145,7 @@ def test_inference_under_no_grad_is_one_graph(device: str) -> None:
     assert (d["graphs_recorded"], d["graph_replays"]) == (1, 2)
 
 
+@pytest.mark.slow
 def test_new_shapes_record_again_and_graph_breaks_run_eagerly(device: str) -> None:
     """Another batch size: dynamo's guards recompile (or a new signature is recorded); a
     graph break (a Python-side read of a value) splits the function, each part recorded."""
@@ -256,6 +259,7 @@ def test_a_hostile_recording_is_refused_and_nothing_runs(
     assert _read(b, theirs, 4) == [5.0, 6.0, 7.0, 8.0]
 
 
+@pytest.mark.slow
 def test_a_recording_replays_on_new_arguments(sessions: tuple[SyncDriver, SyncDriver]) -> None:
     """The wire form the backend sends, by hand: a step of two ATen ops, replayed on another
     buffer, makes its result under the replay's handle."""
@@ -278,6 +282,7 @@ def test_a_recording_replays_on_new_arguments(sessions: tuple[SyncDriver, SyncDr
 
 
 # -- failover -------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_compiled_session_survives_a_proxy_killed_mid_training(tmp_path: Any) -> None:
     """The recordings are in the failover journal: the new proxy gets them again, and the
     replays after the kill give what they would have given."""

@@ -310,6 +310,7 @@ def test_integer_histograms_count_as_on_a_gpu() -> None:
 
 
 # -- the end of a program -----------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_program_that_ends_without_closing_exits_cleanly() -> None:
     """Its session is closed at exit, before Python stops the helper threads (one stopped
     inside torch's C++ code aborted the process: ``terminate called without an active

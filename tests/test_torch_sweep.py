@@ -28,6 +28,7 @@ def test_the_local_baseline_runs_the_ops_at_once_and_traces_them() -> None:
     assert all(e.gap_s >= 0 and e.device_s >= 0 for e in trace)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compile", [None, "gpuremote"])
 def test_a_timing_only_device_runs_pytorch_and_times_it(compile: str | None) -> None:
     """``sim:a100,compute=0``: ops run on shapes alone, each takes its roofline time on the
@@ -43,6 +44,7 @@ def test_a_timing_only_device_runs_pytorch_and_times_it(compile: str | None) -> 
     assert convs > 0  # the convolutions' FLOPs, at an A100's rate
 
 
+@pytest.mark.slow
 def test_the_requirements_sweep_takes_the_pytorch_workloads() -> None:
     """A reduced grid: each point measured, the model's prediction beside it, the
     requirement per mode (eager-optimized and compiled)."""

@@ -186,6 +186,7 @@ async def _served(gpu: gpuremote.GPU, n: int) -> None:
     np.testing.assert_array_equal(await (x * 2.0).get(), 2 * np.arange(n, dtype=np.float64))
 
 
+@pytest.mark.slow
 async def test_a_peer_announcing_a_gibibyte_before_its_hello_is_cut_off_at_no_cost(
     proxy_process: LocalProxy,
 ) -> None:
@@ -239,6 +240,7 @@ async def test_a_large_message_before_the_hello_is_dropped_unread_over_ucx() -> 
         await proxy.close()
 
 
+@pytest.mark.slow
 async def test_a_short_or_malformed_message_closes_only_that_connection(
     proxy_process: LocalProxy,
 ) -> None:
@@ -307,6 +309,7 @@ def test_a_loopback_tcp_proxy_listens_on_loopback_only() -> None:
     assert all(is_loopback(host) for host, _ in sockets), sockets
 
 
+@pytest.mark.slow
 @needs_ucx
 @pytest.mark.skipif(not Path("/proc/self/net/tcp").exists(), reason="needs Linux /proc")
 def test_a_loopback_ucx_proxy_needs_a_secret_and_keeps_ucx_on_loopback(cli: Cli) -> None:
@@ -368,6 +371,7 @@ async def test_a_failure_in_the_proxy_is_answered_as_a_proxy_error(
 
 
 # -- --json over every transport ---------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("transport", ["inproc", *NETWORK])
 def test_json_is_one_object_on_stdout_on_every_transport(
     cli: Cli, transport: str, request: pytest.FixtureRequest

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow
 async def test_an_idle_connection_costs_no_cpu() -> None:
     """The progress driver waits on the worker's descriptor, armed: with a session open and
     receives posted on both ends, nothing spins (ucxx's own asyncio progress would)."""
@@ -57,6 +58,7 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+@pytest.mark.slow
 async def test_idle_processes_cost_no_cpu() -> None:
     """Two processes, as deployed: an idle connected client and its proxy stay asleep."""
     from gpuremote.tools.proxyprocess import LocalProxy
@@ -79,6 +81,7 @@ async def test_idle_processes_cost_no_cpu() -> None:
         assert after < 0.05 * (time.perf_counter() - t0), f"proxy after the client: {after:.3f}"
 
 
+@pytest.mark.slow
 async def test_a_killed_proxy_fails_the_client_at_once() -> None:
     from gpuremote.tools.proxyprocess import LocalProxy
 
@@ -96,6 +99,7 @@ async def test_a_killed_proxy_fails_the_client_at_once() -> None:
         await gpu.aclose()
 
 
+@pytest.mark.slow
 async def test_a_killed_client_frees_its_session() -> None:
     import subprocess
     import sys
@@ -130,6 +134,7 @@ async def test_a_killed_client_frees_its_session() -> None:
         await proxy.close()
 
 
+@pytest.mark.slow
 async def test_sixteen_clients_verify_their_results() -> None:
     from gpuremote.bench.load import LoadConfig, run_load
 
@@ -150,6 +155,7 @@ async def test_shm_0_keeps_the_listener_endpoint() -> None:
         await proxy.close()
 
 
+@pytest.mark.slow
 async def test_the_bare_ucxx_baselines_run_beside_the_proxy() -> None:
     """``bench throughput``/``ping`` over ucx:// interleave a bare ucxx echo in the proxy's
     process; uploads land there in fresh memory (which must live until UCX is done)."""

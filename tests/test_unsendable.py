@@ -43,6 +43,7 @@ async def test_an_unsendable_integer_fails_its_call_alone(gpu: gpuremote.GPU) ->
     await gpu.aclose()  # and the session closes cleanly
 
 
+@pytest.mark.slow
 async def test_a_call_the_checks_miss_fails_alone_at_the_next_sync(gpu: gpuremote.GPU) -> None:
     x = gpu.asarray(np.ones(4, np.float32))
     y = gpu.empty((4,), np.float32)
@@ -57,6 +58,7 @@ async def test_a_call_the_checks_miss_fails_alone_at_the_next_sync(gpu: gpuremot
     await _verify_many(gpu)
 
 
+@pytest.mark.slow
 async def test_frees_from_many_threads_are_never_lost(gpu: gpuremote.GPU) -> None:
     before = (await gpu.proxy_stats())["buffers"]
     arrays = [gpu.empty((4,), np.float32) for _ in range(10_000)]

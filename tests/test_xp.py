@@ -164,6 +164,7 @@ def call(name: str) -> Callable[..., Any]:
 
 
 # -- element-wise -----------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(_UNARY))
 def test_unary(dev: Device, name: str) -> None:
     category = _UNARY[name][0]
@@ -176,6 +177,7 @@ def test_unary(dev: Device, name: str) -> None:
     run()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(_BINARY))
 def test_binary(dev: Device, name: str) -> None:
     category = _BINARY[name][0]
@@ -198,6 +200,7 @@ def test_binary(dev: Device, name: str) -> None:
     run()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name", ["add", "multiply", "subtract", "divide", "less", "equal", "pow", "maximum"]
 )
@@ -468,6 +471,7 @@ def test_dtypes_are_the_namespaces_own_and_equal_nothing_else(dev: Device) -> No
 
 
 # -- manipulation -----------------------------------------------------------------------------
+@pytest.mark.slow
 def test_manipulation(dev: Device) -> None:
     @EXAMPLES
     @given(arrays(st.sampled_from(STD_DTYPES), min_dims=1), st.data())
@@ -510,6 +514,7 @@ def test_repeat_by_array(dev: Device) -> None:
 
 
 # -- indexing ---------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_getitem_basic(dev: Device) -> None:
     @settings(EXAMPLES, max_examples=60)
     @given(arrays(st.sampled_from(STD_DTYPES), min_dims=1, max_dims=3), st.data())
@@ -568,6 +573,7 @@ def test_setitem(dev: Device) -> None:
 
 
 # -- statistics, searching, sorting, sets -----------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name", ["sum", "prod", "max", "min", "mean", "std", "var", "all", "any", "count_nonzero"]
 )
@@ -714,6 +720,7 @@ def test_linalg_extension(dev: Device, n: int, dt: str) -> None:
 
 
 # -- fft ------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["fft", "ifft", "rfft", "irfft", "hfft", "ihfft"])
 def test_fft_one_axis(dev: Device, name: str) -> None:
     from gpuremote.ops.fft import FFT as _FFT
@@ -735,6 +742,7 @@ def test_fft_one_axis(dev: Device, name: str) -> None:
     run()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["fftn", "ifftn", "rfftn", "irfftn"])
 def test_fft_n_axes(dev: Device, name: str) -> None:
     from gpuremote.ops.fft import FFT as _FFT
@@ -902,6 +910,7 @@ def test_the_readme_example_runs() -> None:
     assert "OK, equal to NumPy's" in out and "round trips" in out
 
 
+@pytest.mark.slow
 def test_arrays_free_their_buffers_when_they_go() -> None:
     """Every buffer the namespace allocates (results, intermediates, dynamic outputs) is freed
     on the proxy once no array refers to it; closing frees the rest."""
@@ -924,6 +933,7 @@ def test_arrays_free_their_buffers_when_they_go() -> None:
     assert proxy.stats()["buffers"] == 0 and proxy.stats()["sessions"] == 0
 
 
+@pytest.mark.slow
 def test_lazy_default_device_from_the_configured_url() -> None:
     """A plain script with no connect() call: the first creation function connects to
     GPUREMOTE_URL on its own."""
@@ -977,6 +987,7 @@ def test_expand_dims_out_of_range_is_an_index_error(dev: Device) -> None:
             xp.expand_dims(x, axis=axis)
 
 
+@pytest.mark.slow
 def test_finfo_fields_are_python_numbers() -> None:
     for dt in (xp.float32, xp.float64, xp.complex64):
         fi = xp.finfo(dt)
