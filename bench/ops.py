@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 import gpuremote
-from gpuremote import _native
+from gpuremote import _build
 from gpuremote.errors import ConfigError
 from gpuremote.tools.direct import connect_direct
 from gpuremote.tools.stdio import restore_stdout
@@ -517,7 +517,7 @@ def _result(
         "chain": cfg.chain,
         # the hot modules in this process (and the proxies it starts): "compiled" (mypyc) or
         # "pure" Python; cProfile counts no calls inside compiled code
-        "build": _native.build(),
+        "build": _build.build(),
         "echo": echo,
         "baseline": "bare asyncio Protocol echo, 16 B, in the proxy's process" if echo else None,
         "baseline_note": why_not,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _native  # noqa: F401  (first: it picks the build of the hot modules)
+from . import _build
 from .aio import run
 from .client import GPU, Event, Kernel, RemoteArray, Stream, connect
 from .config import PipelineConfig
@@ -36,6 +36,8 @@ from .errors import (
 from .wire.calls import CALLS, CallClass
 
 __version__ = "0.1.0"
+
+_build.check()  # a compiled module older than its source (an editable build in place) warns
 
 
 def __getattr__(name: str) -> Any:

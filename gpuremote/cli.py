@@ -543,10 +543,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _version() -> str:
     """The version, and which build of the hot modules runs (compiled by mypyc, or Python)."""
-    from . import __version__, _native
+    from . import __version__, _build
 
-    why = _native.pure_reason()
-    return f"gpuremote {__version__} (hot path: {_native.build()}{f'; {why}' if why else ''})"
+    return f"gpuremote {__version__} (hot path: {_build.build()})"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

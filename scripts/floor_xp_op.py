@@ -19,33 +19,28 @@ floor for that op (``skeleton_add``: one launch and the read of its 16 floats, n
 Reports medians of ``--rounds`` batches of ``--number`` ops (microseconds per op) and the
 Python calls per op from cProfile, for each, measured in the same run; and with
 ``--layers``, where gpuremote's time goes, by layer, timed directly (the layers' entry points
-wrapped in clocks for that run: that needs the hot modules' Python source, which ``--layers``
-picks, as ``GPUREMOTE_PURE=1`` does). Where the install compiled the hot modules, the rest runs
-compiled, unless ``GPUREMOTE_PURE=1``: ``build`` in the output says which ran (cProfile counts
-no calls inside compiled code: compare calls in pure Python).
+wrapped in clocks for that run: that needs the hot modules' Python source, an editable
+install's). Where the install compiled the hot modules (a wheel: ``scripts/compiled.sh``), they
+run compiled: ``build`` in the output says which ran (cProfile counts no calls inside compiled
+code: compare calls in pure Python).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
 import time
 import timeit
 from collections.abc import Callable
 from typing import Any
-
-if "--layers" in sys.argv:  # clocks around the layers' entry points: the Python source's
-    os.environ["GPUREMOTE_PURE"] = "1"
 
 import msgspec
 import numpy as np
 from gpuremote.bench.calls import count_calls
 
 import gpuremote.xp as gx
-from gpuremote import _native
+from gpuremote import _build
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder().decode
@@ -168,6 +163,8 @@ def _layers(host: np.ndarray[Any, Any], n: int = 20_000) -> dict[str, float]:
     in clocks that count the outermost call of each; nested layers are taken out of their
     callers'. The clocks cost ~1 µs each: the total, as timed with them, is that much above
     the op's time measured without."""
+    if _build.build() == "compiled":
+        raise SystemExit("--layers times the hot modules' Python source: an editable install")
     from gpuremote.transports.inproc import InprocConnection
 
     from gpuremote.backends.numpy_backend import NumpyBackend
@@ -327,15 +324,14 @@ def main() -> None:
     for name, row in out.items():
         base = "numpy_add" if name in ("numpy_add", "skeleton_add", "gpuremote_async") else "numpy"
         row["x_numpy"] = row["us_per_op"] / out[base]["us_per_op"]
-    build = _native.build()
+    build = _build.build()
     if a.json:
         doc: dict[str, Any] = {**out, "build": build}
         if a.layers:
             doc["layers_us"] = layers
         print(json.dumps(doc, indent=2))
         return
-    why = _native.pure_reason()
-    print(f"gpuremote's hot modules: {build}" + (f" ({why})" if why else ""))
+    print(f"gpuremote's hot modules: {build}")
     for name, row in out.items():
         print(
             f"{name:16} {row['us_per_op']:8.1f} µs/op {row['x_numpy']:6.1f}x NumPy "

@@ -201,8 +201,7 @@ PythonJson = Callable[..., dict[str, Any]]
 @pytest.fixture
 def python_json() -> PythonJson:
     """``run(program, **env)``: ``program`` (dedented) run by a fresh interpreter with ``env``
-    added to the environment; what it printed last, a JSON object. ``GPUREMOTE_PURE="1"``
-    runs the hot modules' Python source there, whatever the install compiled."""
+    added to the environment; what it printed last, a JSON object."""
     import textwrap
 
     def run(program: str, **env: str) -> dict[str, Any]:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 from gpuremote.transports.inproc import InprocConnection
 
 import gpuremote.xp as gx
+from gpuremote import _build
 from gpuremote.wire.calls import CALLS_BY_NAME
 from gpuremote.wire.framing import Frame
 
@@ -96,20 +97,23 @@ def test_a_synchronous_xp_op_in_one_process_turns_no_event_loop() -> None:
         device.close()
 
 
+@pytest.mark.skipif(
+    _build.build() == "compiled", reason="patches the Python source (editable install)"
+)
 def test_a_synchronous_xp_op_wakes_no_helper_thread(python_json: PythonJson) -> None:
     """Its posts are taken by its own waiting call at once: the helper, which comes by on
     its own while the device is in use, is not woken for them (a wake-up and a GIL hand-off
     per op cost the xp op a third of its client CPU over tcp://). Counted on the Python
-    source (``GPUREMOTE_PURE=1``, in a fresh interpreter): compiled code calls the wake-up's
-    ``set`` directly, past any patch."""
+    source (an editable install's, in a fresh interpreter): compiled code calls the
+    wake-up's ``set`` directly, past any patch."""
     program = """
         import json
         import numpy as np
         import gpuremote.xp as gx
-        from gpuremote import _native
+        from gpuremote import _build
         from gpuremote.core import driver
 
-        assert _native.build() == "pure"
+        assert _build.build() == "pure"
         import gpuremote.core.driver as d, gpuremote.session.pipeline as s
         assert d.__file__.endswith(".py") and s.__file__.endswith(".py")  # not an extension
         wakes = 0
@@ -133,7 +137,7 @@ def test_a_synchronous_xp_op_wakes_no_helper_thread(python_json: PythonJson) -> 
             device.close()
         print(json.dumps({"wakes": wakes}))
         """
-    wakes = python_json(program, GPUREMOTE_PURE="1")["wakes"]
+    wakes = python_json(program)["wakes"]
     assert wakes <= 10  # (one per op before; a stall past nudge_us between a post and its
     # waiting call may still wake it)
 

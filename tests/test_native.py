@@ -1,10 +1,15 @@
-"""The optional build step (``setup.py``): the hot modules compiled by mypyc where the install
-could build them, their Python source where it could not, when ``GPUREMOTE_PURE=1`` asks for
-it, or when a source changed after the build (``gpuremote._native``)."""
+"""The compiled build (``setup.py``, ``gpuremote._build``): a wheel and ``pip install .`` run
+the hot modules compiled by mypyc where a C compiler is present; an editable install runs
+their sources, so that an edit takes effect at once; nothing of gpuremote's changes how
+Python finds modules.
+
+``scripts/test.sh`` runs these (and the hot path's tests) twice: on the editable install, and
+on a wheel it builds (``GPUREMOTE_EXPECT_COMPILED=1``, where a C compiler is present)."""
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,90 +21,104 @@ if TYPE_CHECKING:
 import gpuremote
 import gpuremote.proxy.session
 import gpuremote.xp
-from gpuremote import _native
+from gpuremote import _build
 
-_WHICH = """
-    import json
-    import gpuremote.proxy.session, gpuremote.xp, gpuremote.wire.protocol as p
-    from gpuremote import _native
-    print(json.dumps({"build": _native.build(), "why": _native.pure_reason(),
-                      "compiled": _native.compiled_modules(), "protocol": p.__file__}))
-    """
+_EXPECT_COMPILED = os.environ.get("GPUREMOTE_EXPECT_COMPILED") == "1"
+_SOURCE_TREE = (Path(_build.__file__).resolve().parent.parent / "setup.py").is_file()
 
 
-def test_the_modules_the_install_compiled_are_the_ones_thatpython_json() -> None:
-    """Where the install compiled the hot modules (``_native.json`` vouches for them), each
-    runs compiled. ``scripts/test.sh`` sets ``GPUREMOTE_EXPECT_COMPILED=1`` where a C
-    compiler is present: a build that fell back to pure Python then fails here."""
-    if _native.pure_reason() is not None:
-        if os.environ.get("GPUREMOTE_EXPECT_COMPILED") == "1":
-            pytest.fail(f"the hot modules should run compiled here: {_native.pure_reason()}")
-        pytest.skip(f"the Python source runs here: {_native.pure_reason()}")
-    built = _native._COMPILED
-    assert _native.build() == "compiled"
-    assert _native.compiled_modules() == sorted(built)
-    assert len(built) >= 10  # the wire, the session, the core, the proxy's path
+def test_the_build_that_runs_is_the_one_the_install_made() -> None:
+    """A wheel built where a C compiler is present runs every hot module compiled; an
+    editable install runs their sources (``gpuremote --version`` says which)."""
+    imported = sorted(n for n in _build.HOT if n in sys.modules)
+    assert len(imported) >= 10  # the wire, the session, the core, the proxy's path
+    if _EXPECT_COMPILED:
+        assert _build.build() == "compiled"
+        assert _build.compiled_modules() == imported
+    elif _SOURCE_TREE and os.environ.get("GPUREMOTE_COMPILE_EDITABLE") != "1":
+        assert _build.build() == "pure" and _build.compiled_modules() == []
+        files = [sys.modules[n].__file__ for n in imported]
+        assert all(str(f).endswith(".py") for f in files), files
 
 
-def test_gpuremote_pure_runs_the_python_source(python_json: PythonJson) -> None:
-    out = python_json(_WHICH, GPUREMOTE_PURE="1")
-    assert out["build"] == "pure" and out["compiled"] == []
-    assert str(out["protocol"]).endswith("protocol.py")
-    assert out["why"] == "GPUREMOTE_PURE is set"
+def test_importing_gpuremote_changes_no_import_machinery(python_json: PythonJson) -> None:
+    """No finder of gpuremote's on ``sys.meta_path``, no hashing of sources at import."""
+    out = python_json(
+        """
+        import json, sys
+        before = [type(f).__module__ for f in sys.meta_path]
+        import gpuremote, gpuremote.xp, gpuremote.proxy.session
+        after = [type(f).__module__ for f in sys.meta_path]
+        print(json.dumps({"before": before, "after": after}))
+        """
+    )
+    assert out["before"] == out["after"]
+    assert not [m for m in out["after"] if "gpuremote" in m]
 
 
-def test_a_source_changed_since_the_build_is_seen(tmp_path: Path) -> None:
-    """The manifest's hash covers every source of the package, not only the compiled ones
-    (compiled code depends on the types of what it imports): any edit changes it."""
-    (tmp_path / "gpuremote" / "wire").mkdir(parents=True)
-    (tmp_path / "transports").mkdir()
-    (tmp_path / "gpuremote" / "wire" / "protocol.py").write_text("x = 1\n")
-    (tmp_path / "transports" / "tcp.py").write_text("y = 2\n")
-    before = _native.sources_digest(tmp_path)
-    assert _native.sources_digest(tmp_path) == before
-    (tmp_path / "transports" / "tcp.py").write_text("y = 3\n")
-    assert _native.sources_digest(tmp_path) != before
-    (tmp_path / "transports" / "tcp.py").write_text("y = 2\n")
-    assert _native.sources_digest(tmp_path) == before
-    (tmp_path / "gpuremote" / "config.py").write_text("")  # a new module counts too
-    assert _native.sources_digest(tmp_path) != before
+def test_a_compiled_module_older_than_its_source_is_said_at_import(tmp_path: Path) -> None:
+    """Where compiled modules sit in a source tree (an editable install compiled in place,
+    ``GPUREMOTE_COMPILE_EDITABLE=1``), an edited source makes its module stale: one ``stat``
+    per hot module finds it, and ``check`` warns, naming it."""
+    suffix = _build._SUFFIX
+    (tmp_path / "setup.py").write_text("")
+    wire = tmp_path / "gpuremote" / "wire"
+    wire.mkdir(parents=True)
+    for name in ("protocol", "framing"):
+        (wire / f"{name}.py").write_text("x = 1\n")
+        (wire / f"{name}{suffix}").write_bytes(b"")
+        os.utime(wire / f"{name}.py", (1000, 1000))
+        os.utime(wire / f"{name}{suffix}", (2000, 2000))
+    assert _build.stale_modules(tmp_path) == []
+    os.utime(wire / "framing.py", (3000, 3000))  # edited after the build
+    assert _build.stale_modules(tmp_path) == ["gpuremote.wire.framing"]
+    installed = tmp_path / "site"  # an installed wheel: its sources do not change
+    (installed / "gpuremote").mkdir(parents=True)
+    assert _build.stale_modules(installed) == []
 
 
-def test_an_extension_file_the_manifest_does_not_vouch_for_is_not_imported(
-    python_json: PythonJson,
-) -> None:
-    """With the Python source asked for, every gpuremote module comes from its ``.py``,
-    whatever extension files lie beside the sources (another build's, another Python's)."""
+@pytest.mark.skipif(_EXPECT_COMPILED, reason="edits the sources of an editable install")
+def test_an_edited_hot_module_runs_its_new_source(python_json: PythonJson, tmp_path: Path) -> None:
+    """An editable install runs the tree's sources: an edit to a hot module is what runs
+    next. Here in a copy of the tree, put where the install's own finder would look (that
+    finder set aside): nothing of gpuremote's stands between Python and the edited source."""
+    import shutil
+
+    root = Path(_build.__file__).resolve().parent.parent
+    for folder in ("gpuremote", "transports", "bench"):
+        shutil.copytree(root / folder, tmp_path / folder, ignore=_no_compiled)
+    (tmp_path / "gpuremote" / "transports").symlink_to(tmp_path / "transports")
+    (tmp_path / "gpuremote" / "bench").symlink_to(tmp_path / "bench")
+    limits = tmp_path / "gpuremote" / "wire" / "limits.py"
+    limits.write_text(limits.read_text() + "\nEDITED = 'yes'\n")
+    out = python_json(
+        f"""
+        import json, sys
+        sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in str(f)]
+        sys.path.insert(0, {str(tmp_path)!r})
+        import gpuremote
+        from gpuremote import _build
+        from gpuremote.wire import limits
+        print(json.dumps({{"edited": limits.EDITED, "build": _build.build(),
+                           "file": limits.__file__}}))
+        """
+    )
+    assert out["edited"] == "yes" and out["build"] == "pure"
+    assert out["file"] == str(limits)
+
+
+def _no_compiled(folder: str, names: list[str]) -> list[str]:
+    return [n for n in names if n.endswith((".so", ".pyd")) or n == "__pycache__"]
+
+
+def test_the_version_names_the_build(python_json: PythonJson) -> None:
     out = python_json(
         """
         import json
-        import gpuremote.proxy.session, gpuremote.xp, gpuremote.core.arrays as a
-        import gpuremote.wire.protocol as p
-        print(json.dumps({"files": [p.__file__, a.__file__, gpuremote.proxy.session.__file__]}))
-        """,
-        GPUREMOTE_PURE="1",
-    )
-    assert all(str(f).endswith(".py") for f in out["files"]), out  # type: ignore[union-attr]
-
-
-@pytest.mark.slow
-def test_both_builds_answer_alike(python_json: PythonJson) -> None:
-    """The same op, compiled and pure, in two interpreters: the same bytes back."""
-    program = """
-        import json
-        import numpy as np
-        import gpuremote.xp as gx
-        from gpuremote import _native
-
-        d = gx.connect_local("numpy")
-        x = gx.asarray(np.linspace(-2, 2, 33, dtype=np.float32), device=d)
-        y = gx.tanh(x * 3.0) + gx.sum(x, axis=0) / 7.0 - gx.cumulative_sum(x)[::-1]
-        out = np.asarray(y)
-        d.close()
-        print(json.dumps({"build": _native.build(), "bytes": out.tobytes().hex()}))
+        from gpuremote.cli import _version
+        from gpuremote import _build
+        print(json.dumps({"version": _version(), "build": _build.build()}))
         """
-    pure = python_json(program, GPUREMOTE_PURE="1")
-    default = python_json(program)
-    assert pure["build"] == "pure"
-    assert default["bytes"] == pure["bytes"]
-    assert gpuremote.__version__  # (the package imports in both)
+    )
+    assert out["version"].endswith(f"(hot path: {out['build']})")
+    assert gpuremote.__version__ in out["version"]
