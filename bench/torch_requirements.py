@@ -142,8 +142,9 @@ class _Link:
             f"emu+inproc://{self.name}?copy=0",
             serve=backend,
             proxy_options={"inline_us": math.inf, "contention_s": 0.0},
-            nudge_us=1e12,  # sent when the client next waits, however many
-            batch_posts=0,
+            post_delay_us=1e12,  # sent when the client next waits, however many
+            post_delay_max_us=1e12,
+            post_batch_calls=0,
             **mode.connect,
         )
         self.conn = self.driver.session.conn  # type: ignore[attr-defined]

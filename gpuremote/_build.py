@@ -28,6 +28,7 @@ HOT = (
     "gpuremote.wire.limits",
     "gpuremote.wire.calls",
     "gpuremote.session.pipeline",
+    "gpuremote.session.batching",
     "gpuremote.core.arrays",
     "gpuremote.core.driver",
     "gpuremote.proxy.state",

@@ -13,7 +13,14 @@ A config file looks like::
     max_batch_calls = 1024
     max_batch_bytes = 4194304
     flush_delay_us = 0        # 0: flush when control returns to the event loop
+    post_delay_us = 200       # gpuremote.xp / torch: a post no waiting call takes goes then
+    post_delay_max_us = 8000  # ... the longest, while posting goes on
+    post_batch_calls = 64     # ... this many go at once (0: by the delay alone)
+    idle_after_us = 50000     # ... no post this long: idle (frees go at once)
     call_timeout_s = 30       # fail a call (and the session) after this long without reply
+
+The batching knobs are ``PipelineConfig``'s; ``gpuremote.session.batching`` says how they
+work together.
 """
 
 from __future__ import annotations
@@ -43,14 +50,27 @@ CONFIG_NAME = "gpuremote.toml"
 
 @dataclass(frozen=True, slots=True)
 class PipelineConfig:
-    """Switches and bounds of the client's command pipeline."""
+    """Switches and bounds of the client's command pipeline, its batching policy's knobs
+    among them (``gpuremote.session.batching``: when queued calls go)."""
 
     async_calls: bool = True
     batching: bool = True
     shadow: bool = True
+    #: a frame that holds this many calls, or bytes, goes at once
     max_batch_calls: int = 1024
     max_batch_bytes: int = 4 << 20
+    #: a frame goes this long after its first call (0: when control returns to the loop)
     flush_delay_us: float = 0.0
+    #: calls posted by a synchronous front end (``gpuremote.xp``, ``gpuremote.torch``) that
+    #: no waiting call takes go this long after the oldest of them ...
+    post_delay_us: float = 200.0
+    #: ... and, while posting goes on, at most this long (each frame sent lets the next wait
+    #: four times longer, back to ``post_delay_us`` at the next waiting call)
+    post_delay_max_us: float = 8000.0
+    #: ... and at once once this many wait (0: by the delay alone)
+    post_batch_calls: int = 64
+    #: no post for this long: the device is idle (released buffers are freed at once)
+    idle_after_us: float = 50_000.0
     shadow_max_bytes: int = 64 << 20  # host copies larger than this are not kept
     call_timeout_s: float | None = None  # a SYNC call with no reply by then: proxy gone
     #: while a SYNC call waits, keep the event loop polling (not sleeping) for up to this
@@ -64,6 +84,10 @@ class PipelineConfig:
             or self.max_batch_bytes < 1
             or self.flush_delay_us < 0
             or self.spin_us < 0
+            or self.post_delay_us < 0
+            or self.post_delay_max_us < 0
+            or self.post_batch_calls < 0
+            or self.idle_after_us < 0
         ):
             raise ConfigError("pipeline bounds must be positive")
 

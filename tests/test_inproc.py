@@ -138,7 +138,7 @@ def test_a_synchronous_xp_op_wakes_no_helper_thread(python_json: PythonJson) -> 
         print(json.dumps({"wakes": wakes}))
         """
     wakes = python_json(program)["wakes"]
-    assert wakes <= 10  # (one per op before; a stall past nudge_us between a post and its
+    assert wakes <= 10  # (one per op before; a stall past post_delay_us between a post and its
     # waiting call may still wake it)
 
 

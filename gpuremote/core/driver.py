@@ -1,23 +1,14 @@
-"""A proxy session driven from synchronous code (the front ends ``gpuremote.xp`` and
-``gpuremote.torch`` build on it).
+"""A session opened to a proxy, driven from synchronous code (the front ends ``gpuremote.xp``
+and ``gpuremote.torch`` build on it).
 
 The session lives on an event loop of its own that no thread runs all the time. Calls are
 posted without waiting (a lock-free deque, from any thread); a call that waits for the proxy
 runs the loop *in the calling thread* until its reply is in, sending everything posted before
 it in the same frame: no thread hand-off on the synchronous path. A helper thread sends what
-was posted and not taken by a waiting call within ``nudge_us`` (so work starts on the proxy
-without a synchronising call), and runs the calls of threads that already run an event loop
-of their own (asyncio code, Jupyter), which cannot run a second one. Between two waiting
-calls, each frame the helper sends makes it wait four times longer before the next (up to
-``MAX_NUDGE_S``): the first work of a step reaches the proxy at once, and a long stretch of
-posting goes in a few frames, not one per ``nudge_us``, while the proxy has the earlier ones
-to work on; ``BATCH_POSTS`` posts waiting go at once.
-
-A post wakes the helper only where it would not come by in time on its own: the device was
-idle (no post for ``_IDLE_S``), a batch is full, or the oldest post is due. While the device
-is in use the helper comes by every ``MAX_NUDGE_S`` unwoken, so a synchronous op (posts that
-its waiting call takes at once) costs no thread wake-up; a lone post that no waiting call
-takes, made while the device is in use, goes within ``MAX_NUDGE_S``.
+was posted and not taken by a waiting call when the session's batching policy says it is due
+(``gpuremote.session.batching``: its knobs are the session's ``PipelineConfig``), and runs the
+calls of threads that already run an event loop of their own (asyncio code, Jupyter), which
+cannot run a second one. The driver keeps no timing of its own: it asks the policy.
 """
 
 from __future__ import annotations
@@ -34,8 +25,10 @@ from typing import Any, Self, TypeVar
 
 from mypy_extensions import mypyc_attr
 
+from ..config import PipelineConfig
 from ..errors import ConnectionClosed
 from ..session import opener
+from ..session.batching import BatchPolicy
 from ..session.contract import Session
 from ..wire.calls import CALLS_BY_NAME, CallSpec
 from .recording import Recording
@@ -44,14 +37,6 @@ __all__ = ["SyncDriver"]
 
 T = TypeVar("T")
 _FREE = CALLS_BY_NAME["free"]
-_IDLE_S = 0.05  # how long after the last post the helper comes by on its own (each tick)
-#: the longest the helper lets a post wait for a waiting call to take it (see the docstring)
-MAX_NUDGE_S = 0.008
-#: posts that the helper sends at once, whatever the delay: a stream of small calls (eager
-#: PyTorch) goes in batches of this many and is not held back for long (what waits to be
-#: sent lives through the garbage collector's young generations into the old one, whose
-#: full collections over a large heap, torch's, cost ~0.1 s each)
-BATCH_POSTS = 64
 
 
 #: the drivers not closed yet: closed when the interpreter exits (``_close_open``)
@@ -98,18 +83,16 @@ class SyncDriver:
     ``post`` queues an ASYNC call, ``call`` makes a SYNC one; ``serve``: serve a proxy of
     that backend in this process first (``proxy_options``: the ``Proxy``'s settings; with a
     ``url`` of ``emu+inproc://NAME?...``, behind that emulated link); ``session``: a session
-    made already (``gpuremote.tools.direct``'s: each call runs where it is made);
-    ``nudge_us``, ``batch_posts``: when the helper sends what is posted (the module
-    docstring; ``batch_posts=0``: only after the delay). Front ends (``gpuremote.xp``,
-    ``gpuremote.torch``) build on it."""
+    made already (``gpuremote.tools.direct``'s: each call runs where it is made); the
+    pipeline settings among ``options`` set when what is posted goes
+    (``gpuremote.session.batching``). Front ends (``gpuremote.xp``, ``gpuremote.torch``)
+    build on it."""
 
     def __init__(
         self,
         url: str | None = None,
         *,
         serve: str | None = None,
-        nudge_us: float = 200.0,
-        batch_posts: int = BATCH_POSTS,
         session: Session | None = None,
         proxy_options: dict[str, Any] | None = None,
         **options: Any,
@@ -125,13 +108,8 @@ class SyncDriver:
         self._freed: deque[tuple[int, int]] = deque()
         self._jobs: deque[tuple[Coroutine[Any, Any, Any], concurrent.futures.Future[Any]]] = deque()
         self._wake = _Signal()  # something is posted, or a job waits
-        self._nudge_s = nudge_us / 1e6
-        self._batch_posts = batch_posts or 1 << 62  # 0: no batch goes before its delay
-        #: the helper sends released buffers' frees alone once the device is idle
-        self._frees_alone = self._nudge_s < _IDLE_S
-        #: how old the oldest post must be before the helper sends it (grows with each frame
-        #: the helper sends; a waiting call sets it back to ``_nudge_s``)
-        self._delay_s = self._nudge_s
+        #: when what is posted goes: the session's policy (made once the session is open)
+        self._policy = BatchPolicy(PipelineConfig())
         self._first_post = 0.0  # when the oldest post not yet sent was made
         #: the helper sleeps until woken (the device is idle): a post wakes it
         self._dozing = False
@@ -183,6 +161,7 @@ class SyncDriver:
         except BaseException:
             self._stop_loop()
             raise
+        self._policy = BatchPolicy(self.session.config)
 
     @property
     def url(self) -> str:
@@ -219,14 +198,13 @@ class SyncDriver:
             self._driver = None
 
     def _help(self) -> None:
-        """The helper thread: sends what was posted and not sent within the current delay
-        (``nudge_s``, growing with each frame it sends until a waiting call), runs the jobs
-        of threads that cannot drive the loop. While the device is in use (a post within
-        ``_IDLE_S``) it comes by every ``MAX_NUDGE_S`` on its own, so that a post that a
-        waiting call takes at once (a synchronous op) need not wake it; idle, it sleeps until
-        a post wakes it. It waits only as long as the oldest post may wait."""
+        """The helper thread: sends what was posted when the batching policy says it is due
+        (``gpuremote.session.batching``), and runs the jobs of threads that cannot drive the
+        loop. While the device is in use it comes by every ``post_delay_max_us`` on its own,
+        so that a post that a waiting call takes at once (a synchronous op) need not wake it;
+        idle, it sleeps until a post wakes it. It waits only as long as the oldest post may
+        wait."""
         wake, posted, jobs, freed = self._wake, self._posted, self._jobs, self._freed
-        tick = max(MAX_NUDGE_S, self._nudge_s)
         while not self.closed:
             while jobs:
                 coro, job = jobs.popleft()
@@ -237,33 +215,33 @@ class SyncDriver:
                         job.set_exception(exc)
             if self.closed:
                 break
+            policy = self._policy
             if posted:
-                age = time.perf_counter() - self._first_post
-                full = len(posted) >= self._batch_posts
-                if self.holding or (age < self._delay_s and not full):
+                n = len(posted)
+                wait_s = policy.post_wait_s(n, time.perf_counter() - self._first_post)
+                if self.holding or wait_s > 0:
                     # until the oldest post is due (a job, a full batch, or a post after a
                     # waiting call took the queue, wakes it sooner)
                     self._woken = False
-                    wake.wait(max(self._nudge_s if self.holding else self._delay_s - age, 20e-6))
+                    wake.wait(max(policy.post_delay_s if self.holding else wait_s, 20e-6))
                     continue
                 with self._owner:
                     if not self._loop.is_closed():
                         self._drive(self._send_posted())
-                if not full:  # (a stream of many small posts goes on at the first nudge)
-                    self._delay_s = min(self._delay_s * 4, tick)
+                policy.sent_posts(n)
                 continue
             self._woken = False
-            if time.perf_counter() - self._first_post < _IDLE_S:
-                wake.wait(tick)  # in use: by again within a tick, unwoken (frees released
+            if not policy.idle(time.perf_counter() - self._first_post):
+                wake.wait(policy.post_delay_max_s)  # in use: by again unwoken (frees released
                 continue  # meanwhile go with the next frame)
             # idle: what was released goes now, not at the device's next use (unless the
-            # helper is to send nothing of its own: a ``nudge_us`` past ``_IDLE_S``)
-            frees_now = self._frees_alone and not self.holding
+            # helper is to send nothing of its own: a post delay past the idle time)
+            frees_now = policy.frees_alone and not self.holding
             if freed and frees_now:
                 with self._owner:
                     if not self._loop.is_closed():
                         self._drive(self._send_posted())
-            self._delay_s = self._nudge_s  # the next post goes at the first nudge
+            policy.taken()  # the next post goes at the first delay
             self._dozing = True  # (set before the check: a post made after it wakes us)
             if not posted and not jobs and not (freed and frees_now) and not self.closed:
                 wake.wait()
@@ -299,9 +277,7 @@ class SyncDriver:
         # (the device was idle), a batch is full, or the oldest post is due (a stream of
         # posts that no waiting call takes)
         if not self._woken and (
-            self._dozing
-            or len(posted) >= self._batch_posts
-            or now - self._first_post >= self._delay_s
+            self._dozing or self._policy.post_due(len(posted), now - self._first_post)
         ):
             self._woken = True
             self._wake.set()
@@ -350,7 +326,7 @@ class SyncDriver:
             self.session.defer_free(handle, nbytes)
             return
         self._freed.append((handle, nbytes))
-        if self._dozing and self._frees_alone and not self._woken:  # the device idle:
+        if self._dozing and self._policy.frees_alone and not self._woken:  # the device idle:
             self._woken = True  # nothing else would send it
             self._wake.set()
 
@@ -358,7 +334,7 @@ class SyncDriver:
         self, spec: CallSpec, args: list[Any], buffer: memoryview | None
     ) -> asyncio.Future[tuple[Any, list[memoryview]]]:
         """Hand the posts to the session, raise a deferred error, send the call."""
-        self._delay_s = self._nudge_s
+        self._policy.taken()
         self._drain(then_call=True)
         try:
             if self._error is not None:

@@ -3,9 +3,10 @@
 chooses, its pending replies, deferred errors and counters. The proxy's side of the same
 session is ``gpuremote.proxy.session``.
 
-ASYNC calls are appended to a queue and sent together as one frame: when a SYNC call needs the
-wire, when the batch reaches ``max_batch_calls`` or ``max_batch_bytes``, when control returns
-to the event loop (or ``flush_delay_us`` after the first queued call), or on ``flush()``.
+ASYNC calls are appended to a queue and sent together as one frame, when the session's
+batching policy says (``gpuremote.session.batching``): when a SYNC call needs the wire, when
+the batch is full, when control returns to the event loop (or ``flush_delay_us`` after the
+first queued call), or on ``flush()``.
 SYNC calls are matched to their replies by sequence number. A failed ASYNC call is reported by
 the proxy in the reply to the next SYNC call and raised there as ``RemoteCallError``.
 
@@ -47,6 +48,7 @@ from ..wire.protocol import (
     fatal_error,
 )
 from ..wire.protocol import encode_request as _encode_request
+from .batching import BatchPolicy
 from .contract import Counters, Recorder, Reply
 
 __all__ = ["ClientSession"]
@@ -171,6 +173,8 @@ class ClientSession:
     def __init__(self, conn: Connection, config: PipelineConfig = PipelineConfig()) -> None:
         self.conn = conn
         self.config = config
+        #: when queued calls go (``gpuremote.session.batching``: the knobs are ``config``'s)
+        self.policy = BatchPolicy(config)
         self.counters = Counters()
         #: seconds spent in ``call`` (sending a call, then waiting for its reply)
         self.call_s = 0.0
@@ -277,21 +281,15 @@ class ClientSession:
         if not batch.commands:
             batch.started = time.perf_counter()
         batch.commands.append(self._command(spec, stream, args, buffer, ack=False))
-        cfg = self.config
-        if (
-            not cfg.batching
-            or len(batch.commands) >= cfg.max_batch_calls
-            or batch.nbytes >= cfg.max_batch_bytes
-            or (
-                cfg.flush_delay_us
-                and (time.perf_counter() - batch.started) * 1e6 >= cfg.flush_delay_us
-            )
+        policy = self.policy
+        if not self.config.batching or policy.frame_full(
+            len(batch.commands), batch.nbytes, time.perf_counter() - batch.started
         ):
             self._flush_now()
         elif self._flush_scheduled is None and not then_call:
-            if cfg.flush_delay_us:
+            if policy.flush_delay_s:
                 self._flush_scheduled = self._loop.call_later(
-                    cfg.flush_delay_us / 1e6, self._flush_callback
+                    policy.flush_delay_s, self._flush_callback
                 )
             else:
                 self._flush_scheduled = self._loop.call_soon(self._flush_callback)
@@ -463,7 +461,7 @@ class ClientSession:
         # what is queued by then, if anything (what a new one would do), and a release or a
         # submit before that turn schedules nothing (a call_soon and a cancel less an op);
         # a batching window (``flush_delay_us``) starts again with the next submit
-        if self._flush_scheduled is not None and self.config.flush_delay_us:
+        if self._flush_scheduled is not None and self.policy.flush_delay_s:
             self._flush_scheduled.cancel()
             self._flush_scheduled = None
         if self._released.handles and self.config.async_calls:

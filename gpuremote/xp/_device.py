@@ -42,10 +42,9 @@ class Device(SyncDriver):
         url: str | None = None,
         *,
         serve: str | None = None,
-        nudge_us: float = 200.0,
         **options: Any,
     ) -> None:
-        super().__init__(url, serve=serve, nudge_us=nudge_us, **options)
+        super().__init__(url, serve=serve, **options)
         cfg = self.session.config
         #: the array core of this device's session (``gpuremote.core.arrays``)
         self.core = Core(
