@@ -18,7 +18,7 @@ import socket
 import struct
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from gpuremote.transports import Address
@@ -109,7 +109,7 @@ class _EchoProtocol(asyncio.Protocol):
     wake-up per message); the client sends fixed-size messages and waits for all of each."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport: asyncio.Transport = transport  # type: ignore[assignment]
+        self.transport: asyncio.Transport = cast(asyncio.Transport, transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -311,7 +311,7 @@ class ProtocolEchoClient(asyncio.Protocol):
         return proto
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = cast(asyncio.Transport, transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

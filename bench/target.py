@@ -30,6 +30,8 @@ class TargetOptions:
 
 @dataclass
 class Target:
+    """The proxy a bench measures: its URL and transport, its process where local."""
+
     url: str
     transport: str
     proxy_pid: int | None  # for memory figures, when the proxy is a local process

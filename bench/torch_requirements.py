@@ -36,7 +36,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 from .points import (
     Mode,
@@ -147,7 +147,7 @@ class _Link:
             post_batch_calls=0,
             **mode.connect,
         )
-        self.conn = self.driver.session.conn  # type: ignore[attr-defined]
+        self.conn = cast(Any, self.driver.session).conn  # the pipeline's (not the contract's)
         lst = listener(self.name)
         assert lst is not None and lst.accepted, "no inproc connection to measure"
         self.proxy_end = lst.accepted[-1]

@@ -53,6 +53,8 @@ _HANDING = _Handing()
 
 
 class InprocConnection(FramedConnection):
+    """One end of an in-process connection: frames handed to the other end at once."""
+
     def __init__(self, peer_name: str) -> None:
         super().__init__()
         self.peer = peer_name
@@ -140,6 +142,8 @@ class InprocConnection(FramedConnection):
 
 
 class InprocListener(Listener):
+    """A proxy listening in this process under an ``inproc://`` name."""
+
     def __init__(self, name: str, handler: ConnectionHandler, transport: InprocTransport) -> None:
         self.name = name
         self.url = f"inproc://{name}"
@@ -165,6 +169,8 @@ def listener(name: str) -> InprocListener | None:
 
 
 class InprocTransport(Transport):
+    """``inproc://`` URLs: a client and a proxy in one process."""
+
     scheme = "inproc"
 
     async def connect(self, address: Address) -> Connection:

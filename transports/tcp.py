@@ -246,6 +246,8 @@ class TcpConnection(FramedConnection):
 
 
 class TcpListener(Listener):
+    """A listening TCP (or TLS) server of the proxy."""
+
     def __init__(self, server: asyncio.Server, url: str) -> None:
         self._server = server
         self.url = url
@@ -255,6 +257,8 @@ class TcpListener(Listener):
 
 
 class TcpTransport(Transport):
+    """``tcp://`` URLs: connections and listeners over asyncio's TCP streams."""
+
     scheme = "tcp"
 
     def _client_ssl(self, address: Address) -> ssl.SSLContext | None:

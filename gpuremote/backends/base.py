@@ -42,6 +42,8 @@ class BackendError(Exception):
 
 
 class DeviceInfo(TypedDict):
+    """What a proxy says of its device at the hello."""
+
     backend: str
     device: str
     total_memory: int

@@ -23,6 +23,8 @@ class _Stream:
 
 
 class _Event:
+    """An event on the CPU: complete once recorded (work runs when issued)."""
+
     __slots__ = ("recorded",)
 
     def __init__(self) -> None:

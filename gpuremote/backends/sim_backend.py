@@ -105,6 +105,8 @@ class _Stream:
 
 
 class _Event:
+    """An event on the simulated device: done once the work before it ran, at its device time."""
+
     __slots__ = ("at", "done")
 
     def __init__(self) -> None:

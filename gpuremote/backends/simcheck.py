@@ -55,6 +55,8 @@ class StreamRace(BackendError):
 
 
 class _Access(NamedTuple):
+    """One access to a block's bytes by a stream, at its epoch (the race detector's record)."""
+
     lo: int
     hi: int
     write: bool
@@ -97,6 +99,8 @@ class _Ticket:
 
 @dataclass(eq=False)
 class _Block:
+    """A block of the checked pool: its memory, the accesses since its allocation, its state."""
+
     storage: np.ndarray[Any, Any]
     base: int
     cap: int
@@ -372,12 +376,16 @@ class Checker:
 
 
 class _CheckedStream(_Stream):
+    """A stream of the checked device, with the vector clock its work is ordered by."""
+
     def __init__(self, clock: Clock) -> None:
         super().__init__()
         self.clock = clock
 
 
 class _CheckedEvent(_Event):
+    """An event of the checked device, carrying the clock of the stream it was recorded on."""
+
     __slots__ = ("vc",)
 
     def __init__(self) -> None:

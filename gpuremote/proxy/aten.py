@@ -37,7 +37,14 @@ from ..ops import aten as aten_ops
 from ..wire.protocol import TENSOR_DTYPES, TensorDesc
 from .state import CallFailed, SessionState
 
-__all__ = ["AtenSession", "aten_session", "check_recorded", "load_torch", "resolve_op"]
+__all__ = [
+    "AtenSession",
+    "SessionGenerator",
+    "aten_session",
+    "check_recorded",
+    "load_torch",
+    "resolve_op",
+]
 
 #: the seed of a session's generator before the client seeds it (torch's own default)
 DEFAULT_SEED = 67280421310721
@@ -111,8 +118,64 @@ def resolve_op(name: str) -> AllowedOp:
     return AllowedOp(op, torch)
 
 
+class SessionGenerator:
+    """A session's own random generator on the proxy: seeded by the client's
+    ``torch.manual_seed``, lent to the random ops that take no generator, its state
+    checkpointed (failover), so that sessions stay apart and reproducible."""
+
+    def __init__(self, torch: Any, device: Any) -> None:
+        self.torch = torch
+        self.device = device
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(DEFAULT_SEED)
+
+    def seed(self, seed: int) -> None:
+        self.generator.manual_seed(seed)
+
+    def lent(self, op: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        """Run random op ``op``, which takes no generator, on this one (its state lent to
+        the device's default generator)."""
+        torch = self.torch
+        default = (
+            torch.default_generator
+            if self.device.type == "cpu"
+            else torch.cuda.default_generators[self.device.index or 0]
+        )
+        saved = default.get_state()
+        default.set_state(self.generator.get_state())
+        try:
+            return op(*args, **kwargs)
+        finally:
+            self.generator.set_state(default.get_state())
+            default.set_state(saved)
+
+    @contextlib.contextmanager
+    def kept(self) -> Iterator[None]:
+        """Within it, what draws from the generator is undone at the end."""
+        state = self.generator.get_state()
+        try:
+            yield
+        finally:
+            self.generator.set_state(state)
+
+    def state(self) -> str:
+        """The generator's state, as hex (a failover checkpoint keeps it)."""
+        return bytes(self.generator.get_state().numpy()).hex()
+
+    def set_state(self, state: str) -> None:
+        """Set the generator to a state ``state()`` gave."""
+        torch = self.torch
+        try:
+            data = bytes.fromhex(state)
+            self.generator.set_state(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        except (ValueError, RuntimeError) as exc:
+            raise CallFailed(f"not a state of this proxy's generator: {_first_line(exc)}") from None
+
+
 class AtenSession:
-    """A session's PyTorch state on the proxy: its generator and its device."""
+    """A session's PyTorch state on the proxy: runs its ATen ops on views of its buffers
+    (the operands checked, the results kept as buffers), with its generator and its
+    backend's torch runtime."""
 
     def __init__(self, state: SessionState) -> None:
         torch = self.torch = load_torch()
@@ -124,8 +187,8 @@ class AtenSession:
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
             torch.backends.cudnn.deterministic = True
-        self.generator = torch.Generator(device=self.device)
-        self.generator.manual_seed(DEFAULT_SEED)
+        #: the session's own random generator
+        self.rng = SessionGenerator(torch, self.device)
         #: a simulated GPU times each op by its work (FLOPs as torch counts them, bytes)
         self.timed = self.runtime.profile is not None
         #: the last op's (FLOPs, bytes moved, dtype), where ``timed``
@@ -240,11 +303,8 @@ class AtenSession:
         is a copy: some schemas do not say what their ops write, ``native_batch_norm``'s
         running statistics.)"""
         allowed = resolve_op(name)
-        state = self.generator.get_state()
-        try:
+        with self.rng.kept():
             _, result, made = self.call(name, descs, encoded, copies=True)
-        finally:
-            self.generator.set_state(state)
         metas = [
             [list(r.shape), list(r.stride()), str(r.dtype).removeprefix("torch.")] for r in made
         ]
@@ -283,7 +343,7 @@ class AtenSession:
         schema = op._schema
         for i, a in enumerate(schema.arguments):
             if str(a.type) == "Optional[Generator]":  # the session's, always
-                generator = None if self.shapes_only else self.generator
+                generator = None if self.shapes_only else self.rng.generator
                 if i < len(args):
                     args[i] = generator
                 else:
@@ -292,7 +352,7 @@ class AtenSession:
             if self.shapes_only:
                 result = self._on_shapes(name, op, args, kwargs)
             elif allowed.random_without_generator:
-                result = self._with_session_generator(op, args, kwargs)
+                result = self.rng.lent(op, args, kwargs)
             elif self.device.type == "cpu" and name in _CPU_GAPS:
                 result = _CPU_GAPS[name](op, args, kwargs)
             else:
@@ -362,23 +422,6 @@ class AtenSession:
         ref = made[0] if made else (tensors[0] if tensors else None)
         dtype = _NUMPY_OF.get(str(ref.dtype), np.float32) if ref is not None else np.float32
         return flops, nbytes, np.dtype(dtype)
-
-    def _with_session_generator(self, op: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
-        """Run random op ``op``, which takes no generator, on the session's generator (by
-        lending its state to the device's default one)."""
-        torch = self.torch
-        default = (
-            torch.default_generator
-            if self.device.type == "cpu"
-            else torch.cuda.default_generators[self.device.index or 0]
-        )
-        saved = default.get_state()
-        default.set_state(self.generator.get_state())
-        try:
-            return op(*args, **kwargs)
-        finally:
-            self.generator.set_state(default.get_state())
-            default.set_state(saved)
 
     def new_tensors(self, allowed: AllowedOp, result: Any) -> list[Any]:
         """The tensors of ``result`` that the op made (not those it wrote into operands)."""
@@ -505,22 +548,6 @@ class AtenSession:
             else:
                 out.append(r)
         return out
-
-    def seed(self, seed: int) -> None:
-        self.generator.manual_seed(seed)
-
-    def rng_state(self) -> str:
-        """The generator's state, as hex (a failover checkpoint keeps it)."""
-        return bytes(self.generator.get_state().numpy()).hex()
-
-    def set_rng_state(self, state: str) -> None:
-        """Set the generator to a state ``rng_state`` gave."""
-        torch = self.torch
-        try:
-            data = bytes.fromhex(state)
-            self.generator.set_state(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-        except (ValueError, RuntimeError) as exc:
-            raise CallFailed(f"not a state of this proxy's generator: {_first_line(exc)}") from None
 
 
 def check_recorded(state: SessionState, args: tuple[Any, ...], made: dict[int, int]) -> None:

@@ -70,6 +70,8 @@ def peer_key(url: str) -> str:
 
 @dataclass(slots=True)
 class _Ticket:
+    """An array exported for one read by another proxy, until it expires."""
+
     buffer: Any  # the backend's copy of the exported bytes
     nbytes: int
     session: int

@@ -21,6 +21,8 @@ __all__ = ["DemoResult", "mlp_data", "mlp_step", "train_local", "train_remote"]
 
 @dataclass
 class DemoResult:
+    """What the demo's training run gave: its losses, weights and time."""
+
     losses: list[float]
     weights: list[np.ndarray[Any, Any]]
     seconds: float

@@ -39,6 +39,8 @@ class Costs:
 
 @dataclass(frozen=True, slots=True)
 class Prediction:
+    """The model's prediction of a workload's step: its time remote and local, its round trips."""
+
     seconds: float
     local_seconds: float
     round_trips: int

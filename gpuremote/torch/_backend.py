@@ -182,6 +182,8 @@ def _index(device: Any) -> int:
 
 
 class _Hooks(torch._C._acc.PrivateUse1Hooks):
+    """The device's PrivateUse1 hooks, as PyTorch asks them: available, built."""
+
     def is_available(self) -> bool:
         return True
 
@@ -193,6 +195,8 @@ class _Hooks(torch._C._acc.PrivateUse1Hooks):
 
 
 class _Guard(torch._C._acc.DeviceGuard):
+    """The device's guard for PyTorch's Python backend API (one device index)."""
+
     def type_(self) -> Any:
         return torch._C._autograd.DeviceType.PrivateUse1
 
@@ -239,7 +243,7 @@ def _patch_storage_copies() -> None:
             return _new_storage(self.nbytes(), device).copy_(self)
         return to(self, device, non_blocking)
 
-    base.clone = clone_storage  # type: ignore[method-assign]
+    type.__setattr__(base, "clone", clone_storage)
     torch.storage._to = to_device
 
 
@@ -275,7 +279,7 @@ def _patch_module_apply() -> None:
                         m._parameters[n] = tied
         return result
 
-    module._apply = _apply  # type: ignore[method-assign]
+    type.__setattr__(module, "_apply", _apply)
 
 
 def register() -> None:

@@ -26,24 +26,25 @@ import torch
 from ..core.driver import SyncDriver
 from ..errors import RemoteCallError
 from ..ops.aten import returns
-from ..wire.calls import BUFFER, CALLS_BY_NAME
+from ..wire.calls import CALLS_BY_NAME
 from ._encoding import Encoder
 from ._tensors import (
     DEVICE,
     DTYPE_NAMES,
-    byte_desc,
+    contiguous_strides,
     describe,
     extent,
     is_remote,
     new_tensor,
 )
+from ._transfers import Transfers
 
 __all__ = ["Dispatcher", "NeedsData", "contiguous_strides", "restride"]
 
 _C = CALLS_BY_NAME
 _ATEN, _ATEN_DYNAMIC, _ALLOC = _C["aten"], _C["aten_dynamic"], _C["alloc"]
 _ATEN_SHAPES = _C["aten_shapes"]
-_H2D, _D2H, _SEED = _C["copy_h2d"], _C["copy_d2h"], _C["aten_seed"]
+_SEED = _C["aten_seed"]
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 #: the tags of the ops whose results depend on the data (``nonzero``, ``.item()``)
 _NEEDS_DATA_TAGS = frozenset({torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output})
@@ -228,6 +229,8 @@ class Dispatcher:
         self.seed: int | None = None
         #: device index -> what uploads a CPU scalar operand to it
         self._uploads = _Uploads(self)
+        #: copies between the host and the device (``_copy_from``)
+        self.transfers = Transfers(self)
         #: every op's output layouts (sizes, strides, dtype) are asked of the proxy's kernel
         #: once per signature and checked against the meta kernel's (a round trip each: a
         #: diagnostic, ``GPUREMOTE_TORCH_CHECK_LAYOUTS=1``); the differences found
@@ -279,7 +282,7 @@ class Dispatcher:
             remote = self.empty(
                 sizes, contiguous_strides(sizes), t.dtype, torch.device(DEVICE, index)
             )
-            self.copy_from(t, remote)
+            self.transfers.copy_from(t, remote)
             return remote
 
         return upload
@@ -603,66 +606,6 @@ class Dispatcher:
             self._metas[key] = answer
         return answer
 
-    # -- transfers -------------------------------------------------------------------------
-    def copy_from(self, src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> Any:
-        """``dst.copy_(src)`` where one of them is remote. Either may carry PyTorch's lazy
-        conjugate or negative bit (``x.conj()``, ``torch._neg_view``): the proxy's views of
-        a buffer are its bytes, so the values are made physical here, as ATen's own copy
-        does on the CPU and CUDA."""
-        if is_remote(dst) and is_remote(src) and dst.device == src.device:
-            d = self.driver(dst.device.index)
-            written = [describe(dst)]
-            d.post(_ATEN, 0, ["copy_.default", [written[0], describe(src)], _DST_SRC, []])
-            if src.is_conj() != dst.is_conj():
-                d.post(_ATEN, 0, ["conj_physical_.default", written, _SELF, []])
-            if src.is_neg() != dst.is_neg():
-                d.post(_ATEN, 0, ["neg_.default", written, _SELF, []])
-            return dst
-        if is_remote(dst):  # from the host (or another remote device, through the host)
-            host = src.to("cpu") if is_remote(src) else src
-            host = host.resolve_conj().resolve_neg()
-            host = host.to(dst.dtype).expand(dst.shape).contiguous()
-            if host.untyped_storage().data_ptr() == src.untyped_storage().data_ptr():
-                host = host.clone()  # the caller may change (or resize) src before it is sent
-            d = self.driver(dst.device.index)
-            if dst.is_contiguous():
-                target = dst
-                if dst.is_conj():  # the bytes of dst hold the conjugate of its values
-                    host = host.conj_physical()
-                if dst.is_neg():
-                    host = host.neg()
-            else:
-                target = self.empty(
-                    list(dst.shape), contiguous_strides(dst.shape), dst.dtype, dst.device
-                )
-            data = host.reshape(-1).view(torch.uint8).numpy()
-            if data.nbytes:
-                d.post(_H2D, 0, [byte_desc(target), BUFFER], data.data)
-            if target is not dst:
-                self.copy_from(target, dst)
-            return dst
-        # to the host
-        d = self.driver(src.device.index)
-        if not src.is_contiguous():
-            src = src.contiguous()  # on the proxy
-        if src.numel() == 0:
-            return dst
-        _, buffers = d.call(_D2H, [byte_desc(src)])
-        got = buffers[0]
-        host = torch.frombuffer(bytearray(got) if got.readonly else got, dtype=torch.uint8)
-        host = host.view(src.dtype).reshape(src.shape)
-        if src.is_conj():  # the bytes are the conjugate of the values
-            host = host.conj()
-        if src.is_neg():
-            host = torch._neg_view(host)
-        dst.copy_(host)
-        return dst
-
-
-#: the encoded arguments of ``copy_(dst, src)`` and of an op on one tensor
-_DST_SRC: list[Any] = [[{"t": 0}, {"t": 1}], {}]
-_SELF: list[Any] = [[{"t": 0}], {}]
-
 
 _NUMBERS = (bool, int, float, complex)
 
@@ -752,10 +695,3 @@ def restride(t: torch.Tensor, sizes: list[int], strides: list[int]) -> None:
 
 
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset
-
-
-def contiguous_strides(sizes: Sequence[int]) -> list[int]:
-    strides = [1] * len(sizes)
-    for i in range(len(sizes) - 2, -1, -1):
-        strides[i] = strides[i + 1] * max(int(sizes[i + 1]), 1)
-    return strides

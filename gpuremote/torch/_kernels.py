@@ -46,12 +46,12 @@ def install(dispatcher: Dispatcher) -> None:
         return dispatcher.empty(list(size), list(stride), dtype, device)
 
     def copy_from(self: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> Any:
-        return dispatcher.copy_from(self, dst, non_blocking)
+        return dispatcher.transfers.copy_from(self, dst, non_blocking)
 
     def copy_from_and_resize(self: torch.Tensor, dst: torch.Tensor) -> Any:
         if dst.numel() == 0:
             dst.resize_(self.shape)
-        return dispatcher.copy_from(self, dst)
+        return dispatcher.transfers.copy_from(self, dst)
 
     def resize_(
         self: torch.Tensor, size: Any, memory_format: torch.memory_format | None = None

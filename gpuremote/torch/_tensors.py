@@ -10,7 +10,7 @@ the buffer on the proxy (in order with the calls around it).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -20,6 +20,7 @@ from ..wire.protocol import extent
 __all__ = [
     "DEVICE",
     "byte_desc",
+    "contiguous_strides",
     "describe",
     "extent",
     "handle_of",
@@ -157,3 +158,10 @@ def byte_desc(t: torch.Tensor) -> list[Any]:
     """The bytes of contiguous tensor ``t`` as an array on the wire (a flat uint8 array)."""
     size = t.element_size()
     return [handle_of(t), t.storage_offset() * size, [t.numel() * size], "uint8"]
+
+
+def contiguous_strides(sizes: Sequence[int]) -> list[int]:
+    strides = [1] * len(sizes)
+    for i in range(len(sizes) - 2, -1, -1):
+        strides[i] = strides[i + 1] * max(int(sizes[i + 1]), 1)
+    return strides

@@ -106,6 +106,8 @@ class BertEncoder(nn.Module):
 
 # -- GPT-2 ----------------------------------------------------------------------------------------
 class _CausalSelfAttention(nn.Module):
+    """GPT-2's masked multi-head self-attention."""
+
     def __init__(self, d_model: int, heads: int, dropout: float) -> None:
         super().__init__()
         self.heads = heads
@@ -123,6 +125,8 @@ class _CausalSelfAttention(nn.Module):
 
 
 class _Block(nn.Module):
+    """A GPT-2 decoder block: attention and MLP, each after a layer norm."""
+
     def __init__(self, d_model: int, heads: int, dropout: float) -> None:
         super().__init__()
         self.ln1 = nn.LayerNorm(d_model)

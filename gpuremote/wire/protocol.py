@@ -226,6 +226,8 @@ class ErrorInfo(NamedTuple):
 
 
 class Reply(NamedTuple):
+    """The proxy's answer to one command: its sequence number, and its value or error."""
+
     seq: int
     ok: bool
     value: Any  # result, or ErrorInfo when not ok

@@ -115,15 +115,15 @@ def aten_shapes(
 
 
 def aten_seed(s: SessionState, ctx: BatchContext, seed: int) -> None:
-    aten_session(s).seed(seed)
+    aten_session(s).rng.seed(seed)
 
 
 def aten_rng_get(s: SessionState, ctx: BatchContext) -> str:
-    return aten_session(s).rng_state()
+    return aten_session(s).rng.state()
 
 
 def aten_rng_set(s: SessionState, ctx: BatchContext, state: str) -> None:
-    aten_session(s).set_rng_state(state)
+    aten_session(s).rng.set_state(state)
 
 
 HANDLERS: dict[str, Handler] = {
