@@ -111,10 +111,16 @@ def run_command(command: BenchCommand, args: argparse.Namespace) -> int:
     config = runs.config(args)
     outcome = _run_live(args, runs.view, lambda report: runs.run(config, report))
     result = runs.outputs(args, outcome)
+    from gpuremote import _build
+
+    if isinstance(result, dict):  # which build of the hot path ran the client (and its proxy)
+        result.setdefault("build", _build.build())
     if args.json:
         _print_json(result)
     else:
-        runs.summary(Console(), result)
+        console = Console()
+        runs.summary(console, result)
+        console.print(f"gpuremote's hot path: {_build.build()}", style="dim")
     return runs.exit_code(result)
 
 

@@ -38,6 +38,7 @@ def test_bench_ping_json_schema(tmp_path: Path, cli_json: Callable[..., Any]) ->
     )
     assert out["bench"] == "ping" and out["transport"] == "tcp" and out["size"] == 8
     assert out["count"] == 60
+    assert out["build"] in ("pure", "compiled")  # which build of the hot path ran
     assert set(out["rtt_us"]) >= STATS and set(out["baseline_rtt_us"]) >= STATS
     assert out["rtt_us"]["min"] <= out["rtt_us"]["p50"] <= out["rtt_us"]["max"]
     assert isinstance(out["ratio_p50"], float) and out["ratio_p50"] > 0
