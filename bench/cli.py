@@ -501,7 +501,15 @@ _OPS_OPTIONS = (
     _option(
         "--compile",
         action="store_true",
-        help="each workload also under torch.compile(backend='gpuremote'), beside eager",
+        help="each workload also under torch.compile(backend='gpuremote'), beside eager and "
+        "beside local torch.compile (inductor)",
+    ),
+    _option(
+        "--graphs",
+        choices=("fx", "inductor", "ops"),
+        default="fx",
+        help="how the proxy the bench starts replays compiled graphs (serve --graphs): one FX "
+        "graph each (default), compiled by its inductor, or op by op",
     ),
     _option(
         "--pin",

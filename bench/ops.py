@@ -101,6 +101,7 @@ class OpsConfig(TargetOptions):
     size: str = "small"
     workload_steps: int = 5
     compile: bool = False  # the workloads under torch.compile(backend="gpuremote") too
+    graphs: str = "fx"  # how the proxy the bench starts replays them (``serve --graphs``)
     #: where the two processes run: "none" (the scheduler decides), "same" (one CPU for
     #: both: a round trip is two context switches) or "split" (a CPU each: a round trip is
     #: two cross-CPU wake-ups). The floor differs by ~3x between the two on a small VM.
@@ -227,6 +228,7 @@ async def run_ops(
             steps=cfg.workload_steps,
             rounds=cfg.rounds,
             compile=cfg.compile,
+            graphs=cfg.graphs,
             url=cfg.url,
             transport=cfg.transport,
             backend=cfg.backend,

@@ -49,10 +49,11 @@ async def open_target(
     backend: str = "auto",
     *,
     proxy_cpus: set[int] | None = None,
+    proxy_args: tuple[str, ...] = (),
 ) -> AsyncIterator[Target]:
     """Use the proxy at ``url`` (else ``GPUREMOTE_URL`` or the config file's), or start one
     (with ``serve --bench-echo``, so that the baselines run beside it; on ``proxy_cpus`` from
-    its start, if given)."""
+    its start, if given; with ``proxy_args``, more of ``serve``'s options)."""
     url = url or os.environ.get("GPUREMOTE_URL") or load_config_file().get("url")
     if url:
         yield Target(url, Address.parse(url).scheme, None)
@@ -65,7 +66,8 @@ async def open_target(
         finally:
             await proxy.close()
         return
-    local = LocalProxy(transport, backend, extra_args=("--bench-echo", "--quiet"), cpus=proxy_cpus)
+    extra = ("--bench-echo", "--quiet", *proxy_args)
+    local = LocalProxy(transport, backend, extra_args=extra, cpus=proxy_cpus)
     try:
         bound = local.start()
         yield Target(bound, transport, local.pid)

@@ -46,6 +46,11 @@ class _Side:
     round_trips: int = 0
     replays: int = 0  # compiled graphs replayed by one message
     eager_graphs: int = 0  # compiled graphs run op by op (recorded, or not recordable)
+    #: the proxy's graphs (``gpuremote.proxy.graphs``): ops replayed in them, the replaying
+    #: thread's CPU in their callables and in their whole replays
+    graph_ops: int = 0
+    graph_run_cpu_s: float = 0.0
+    graph_replay_cpu_s: float = 0.0
 
 
 def _p(values: list[float], q: float) -> float | None:
@@ -77,6 +82,14 @@ def _row(
         "round_trips_per_step": remote.round_trips / n,
         "graph_replays_per_step": remote.replays / n,
         "eager_graphs_per_step": remote.eager_graphs / n,
+        "proxy_graph_ops_per_step": remote.graph_ops / n,
+        # the proxy's CPU per op of its graphs beyond the ops' own (the callable's): the
+        # inputs' views, the results' buffers, the replay's bookkeeping
+        "proxy_cpu_per_graph_op_us": (
+            1e6 * (remote.graph_replay_cpu_s - remote.graph_run_cpu_s) / remote.graph_ops
+            if remote.graph_ops
+            else None
+        ),
     }
 
 
@@ -112,15 +125,18 @@ def _connected(url: str | None, backend: str) -> Iterator[Any]:
         conn.close()
 
 
-def _proxy_cpu(conn: Any, in_process: bool) -> float | None:
-    """The proxy's process CPU (None in process: it is this process's)."""
-    if in_process:
-        return None
+def _proxy_stats(conn: Any) -> dict[str, Any]:
+    """The session's figures on the proxy (its ``stats`` call)."""
     from gpuremote.wire.calls import CALLS_BY_NAME
 
     stats, _ = conn.drivers[0].call(CALLS_BY_NAME["stats"], [])
+    return dict(stats)
+
+
+def _proxy_cpu(stats: dict[str, Any], in_process: bool) -> float | None:
+    """The proxy's process CPU (None in process: it is this process's)."""
     cpu = stats.get("process_cpu_s")
-    return float(cpu) if isinstance(cpu, int | float) else None
+    return float(cpu) if isinstance(cpu, int | float) and not in_process else None
 
 
 #: single ops, for ``--workload ops``: what gpuremote's client spends on one ATen call
@@ -212,22 +228,34 @@ def _measure(
                 dev: (m, dev, opts[dev], _updater(m, opts[dev])) for dev, m in models.items()
             }
             if compile:  # the remote weights, the model and the update compiled (the
-                # optimizer's steps on the device: capturable, so that a graph holds them)
+                # optimizer's steps on the device: capturable, so that a graph holds them);
+                # beside them, the local model and update compiled by inductor
                 torch._dynamo.reset()
                 m = models["gpuremote"]
                 opt = torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.01, capturable=True)
                 update = torch.compile(_updater(m, opt), backend="gpuremote")
                 runs["compiled"] = (torch.compile(m, backend="gpuremote"), "gpuremote", opt, update)
+                mc = models["cpu"]
+                opt_c = torch.optim.AdamW(mc.parameters(), lr=1e-4, weight_decay=0.01)
+                update_c = torch.compile(_updater(mc, opt_c), backend="inductor")
+                runs["cpu_compiled"] = (
+                    torch.compile(mc, backend="inductor"),
+                    "cpu",
+                    opt_c,
+                    update_c,
+                )
             for side_name, run in runs.items():  # warm-up: the metadata cache, the allocator,
-                for _ in range(2 if side_name == "compiled" else 1):  # lazy imports; the
-                    _step(w, run[0], run[2], *data[run[1]], run[3])  # recordings
+                # lazy imports; a compiled side's recordings, the proxy's tracing and compiling
+                for _ in range(3 if side_name in ("compiled", "cpu_compiled") else 1):
+                    _step(w, run[0], run[2], *data[run[1]], run[3])
             sides = {k: _Side() for k in runs}
             for _ in range(rounds):
                 for side_name, (model, dev, opt, update) in runs.items():
                     side = sides[side_name]
                     remote = dev == "gpuremote"
-                    p0 = _proxy_cpu(conn, in_process) if remote else None
-                    s0 = conn.stats() if remote else None  # (the stats calls: outside)
+                    # (the stats calls: outside the timed steps)
+                    p0 = _proxy_stats(conn) if remote else None
+                    s0 = conn.stats() if remote else None
                     c0 = time.process_time()
                     for _ in range(steps):
                         t0 = time.perf_counter()
@@ -235,23 +263,41 @@ def _measure(
                         side.wall_s.append(time.perf_counter() - t0)
                     side.client_cpu_s += time.process_time() - c0
                     side.steps += steps
-                    if remote and s0 is not None:
-                        s1 = conn.stats()
-                        p1 = _proxy_cpu(conn, in_process)
-                        side.calls += sum(s1["calls"].values()) - sum(s0["calls"].values())
-                        side.frames += s1["frames_sent"] - s0["frames_sent"]
-                        side.round_trips += s1["round_trips"] - s0["round_trips"]
-                        side.replays += s1["graph_replays"] - s0["graph_replays"]
-                        side.eager_graphs += s1["graphs_eager"] - s0["graphs_eager"]
-                        if p0 is None or p1 is None or side.proxy_cpu_s is None:
-                            side.proxy_cpu_s = None
-                        else:
-                            side.proxy_cpu_s += p1 - p0
+                    if p0 is not None and s0 is not None:
+                        _add(side, s0, conn.stats(), p0, _proxy_stats(conn), in_process)
                 done = _rows(name, w.describe, sides)
                 report({**base, "workloads": [*rows, *done]})
             rows.extend(done)
             del models, opts, data, runs
     return {**base, "workloads": rows}
+
+
+def _add(
+    side: _Side,
+    s0: dict[str, Any],
+    s1: dict[str, Any],
+    p0: dict[str, Any],
+    p1: dict[str, Any],
+    in_process: bool,
+) -> None:
+    """Add one round's counters to ``side``: the client's (``s0``, ``s1``: before and
+    after) and the proxy's (``p0``, ``p1``)."""
+    side.calls += sum(s1["calls"].values()) - sum(s0["calls"].values())
+    side.frames += s1["frames_sent"] - s0["frames_sent"]
+    side.round_trips += s1["round_trips"] - s0["round_trips"]
+    side.replays += s1["graph_replays"] - s0["graph_replays"]
+    side.eager_graphs += s1["graphs_eager"] - s0["graphs_eager"]
+    g0, g1 = p0.get("graphs") or {}, p1.get("graphs") or {}
+    side.graph_ops += g1.get("ops", 0) - g0.get("ops", 0)
+    side.graph_run_cpu_s += 1e-9 * (g1.get("run_thread_ns", 0) - g0.get("run_thread_ns", 0))
+    side.graph_replay_cpu_s += 1e-9 * (
+        g1.get("replay_thread_ns", 0) - g0.get("replay_thread_ns", 0)
+    )
+    c0, c1 = _proxy_cpu(p0, in_process), _proxy_cpu(p1, in_process)
+    if c0 is None or c1 is None or side.proxy_cpu_s is None:
+        side.proxy_cpu_s = None
+    else:
+        side.proxy_cpu_s += c1 - c0
 
 
 def _rows(name: str, describe: str, sides: dict[str, _Side]) -> list[dict[str, Any]]:
@@ -262,6 +308,15 @@ def _rows(name: str, describe: str, sides: dict[str, _Side]) -> list[dict[str, A
     compiled = _row(name, describe, sides["cpu"], sides["compiled"], "compiled")
     compiled["client_cpu_vs_eager"] = (
         compiled["client_cpu_ms"] / eager["client_cpu_ms"] if eager["client_cpu_ms"] else None
+    )
+    local_c = _p(sides["cpu_compiled"].wall_s, 50) if "cpu_compiled" in sides else None
+    compiled["local_compiled_step_ms"] = None if local_c is None else 1e3 * local_c
+    remote_c, remote_e = compiled["remote_step_ms"], eager["remote_step_ms"]
+    compiled["remote_over_local_compiled"] = (
+        remote_c / (1e3 * local_c) if local_c and remote_c is not None else None
+    )
+    compiled["remote_compiled_over_eager"] = (
+        remote_c / remote_e if remote_e and remote_c is not None else None
     )
     return [eager, compiled]
 
@@ -277,8 +332,11 @@ async def run_torch_ops(
     backend: str,
     report: Callable[[dict[str, Any]], None] = lambda s: None,
     compile: bool = False,
+    graphs: str = "fx",
 ) -> dict[str, Any]:
-    """Run the bench (see the module docstring); returns the JSON result."""
+    """Run the bench (see the module docstring); returns the JSON result. ``graphs``: how
+    the proxy the bench starts replays compiled graphs (``serve --graphs``; a proxy in this
+    process replays them as FX graphs)."""
     backend = "numpy" if backend == "auto" else backend
     if transport == "inproc" and url is None:
         base = {"bench": "ops", "url": "inproc:// (in this process)", "transport": "inproc"}
@@ -286,9 +344,9 @@ async def run_torch_ops(
         return await asyncio.to_thread(
             _measure, workloads, size, steps, rounds, None, backend, report, base, compile
         )
-    async with open_target(url, transport, backend) as target:
+    async with open_target(url, transport, backend, proxy_args=("--graphs", graphs)) as target:
         base = {"bench": "ops", "url": target.url, "transport": target.transport}
-        base.update(size=size, backend=backend)
+        base.update(size=size, backend=backend, graphs=graphs)
         return await asyncio.to_thread(
             _measure, workloads, size, steps, rounds, target.url, backend, report, base, compile
         )

@@ -95,6 +95,8 @@ def _session_limits(args: argparse.Namespace) -> SessionLimits:
         ("max_device_bytes", args.max_device_bytes),
         ("max_handles", args.max_handles),
         ("max_steps", args.max_steps),
+        ("graphs", args.graphs),
+        ("max_compile_s", args.max_compile_s),
     )
     return SessionLimits(**{k: v for k, v in given if v is not None})
 
@@ -354,6 +356,20 @@ _SERVE_OPTIONS = (
     _option("--max-device-bytes", type=int, default=None, help="per-session device memory limit"),
     _option("--max-handles", type=int, default=None, help="per-session handle limit"),
     _option("--max-steps", type=int, default=None, help="recorded steps a session may keep (256)"),
+    _option(
+        "--graphs",
+        choices=("fx", "inductor", "ops"),
+        default=None,
+        help="how recorded PyTorch graphs (torch.compile(backend='gpuremote')) replay: each "
+        "as one FX graph (fx, default), compiled by this proxy's torch.compile (inductor), "
+        "or op by op (ops)",
+    ),
+    _option(
+        "--max-compile-s",
+        type=float,
+        default=None,
+        help="seconds a session's graphs may spend compiling under --graphs inductor (600)",
+    ),
     _option(
         "--max-frame-bytes",
         type=int,

@@ -235,40 +235,54 @@ class AtenSession:
     # -- operands --------------------------------------------------------------------------
     def tensor(self, desc: TensorDesc) -> Any:
         """The strided view ``desc`` of one of the session's buffers (bounds-checked)."""
+        return self.strided(
+            desc.handle, desc.offset, desc.sizes, desc.strides, desc.dtype, desc.extent
+        )
+
+    def strided(
+        self,
+        handle: int,
+        offset: int,
+        sizes: tuple[int, ...],
+        strides: tuple[int, ...],
+        dtype_name: str,
+        end: int,
+    ) -> Any:
+        """``tensor`` of a descriptor given by its parts and its extent ``end`` (the byte
+        past the last it reaches; 0: none)."""
         s = self.state
-        buf = s.buffers.get(desc.handle)
+        buf = s.buffers.get(handle)
         if buf is None:
             from ..errors import UnknownHandle
 
-            raise UnknownHandle(f"unknown buffer handle {desc.handle}")
-        nbytes = s.nbytes[desc.handle]
-        if desc.extent > nbytes:
+            raise UnknownHandle(f"unknown buffer handle {handle}")
+        nbytes = s.nbytes[handle]
+        if end > nbytes:
             raise CallFailed(
-                f"tensor of sizes {list(desc.sizes)}, strides {list(desc.strides)} at offset "
-                f"{desc.offset} reaches byte {desc.extent} of buffer {desc.handle}, which "
-                f"has {nbytes}"
+                f"tensor of sizes {list(sizes)}, strides {list(strides)} at offset {offset} "
+                f"reaches byte {end} of buffer {handle}, which has {nbytes}"
             )
-        itemsize = TENSOR_DTYPES[desc.dtype]
+        itemsize = TENSOR_DTYPES[dtype_name]
         # the buffer as a flat tensor of the dtype, made once (kept with the buffer's other
         # views: dropped when it is freed or replaced)
-        views = s.views.get(desc.handle)
-        key = ("torch", desc.dtype)
+        views = s.views.get(handle)
+        key = ("torch", dtype_name)
         typed = views.get(key) if views is not None else None
         if typed is None:
-            dtype = self.dtypes[desc.dtype]
+            dtype = self.dtypes[dtype_name]
             if nbytes < itemsize:  # no element fits (a 0-byte view of bytes has stride 0)
                 typed = self.torch.empty(0, dtype=dtype, device=self.device)
-                return typed.as_strided(desc.sizes, desc.strides, 0)
+                return typed.as_strided(sizes, strides, 0)
             base = self.runtime.buffer(buf)
             if itemsize > 1:
                 base = base[: nbytes - nbytes % itemsize]
             typed = base.view(dtype)
             if views is None:
-                views = s.views[desc.handle] = {}
+                views = s.views[handle] = {}
             views[key] = typed
-        if not desc.extent:  # no elements: reaches no byte, wherever its offset points
-            return typed.as_strided(desc.sizes, desc.strides, 0)
-        return typed.as_strided(desc.sizes, desc.strides, desc.offset // itemsize)
+        if not end:  # no elements: reaches no byte, wherever its offset points
+            return typed.as_strided(sizes, strides, 0)
+        return typed.as_strided(sizes, strides, offset // itemsize)
 
     def decode(self, value: Any, tensors: Sequence[Any]) -> Any:
         """An argument as the op takes it (tensors by index into ``tensors``)."""

@@ -81,12 +81,17 @@ class PeerReads(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class SessionLimits:
-    """Per-session quotas, checked before the allocation they would cause."""
+    """Per-session quotas, checked before the allocation they would cause, and how the
+    session's recorded ATen steps run."""
 
     max_device_bytes: int = 1 << 62
     max_handles: int = 1 << 20
     max_steps: int = 256  # recorded steps kept at once
     max_step_calls: int = 1 << 16  # their calls, together
+    #: how recorded ATen steps run (``gpuremote.proxy.graphs``): "fx" (each one graph),
+    #: "inductor" (compiled by the proxy's torch.compile), "ops" (call by call)
+    graphs: str = "fx"
+    max_compile_s: float = 600.0  # compile time a session's graphs may take, together
 
 
 class BatchContext:
@@ -169,6 +174,7 @@ class SessionState:
         self.kernels: dict[int, Any] = {}
         self.steps: dict[int, RecordedStep] = {}
         self.step_calls = 0  # the kept steps' calls, together
+        self.compile_s = 0.0  # spent compiling its steps' graphs (``limits.max_compile_s``)
         self.private_handles = itertools.count(-1, -1)  # handles of steps' intermediates
         self.checked_launches: dict[Any, Any] = {}  # launch signature -> its op, once checked
         #: the session's PyTorch state (``gpuremote.proxy.aten.AtenSession``: its generator,
@@ -312,11 +318,30 @@ class SessionState:
             "events": len(self.events),
             "kernels": len(self.kernels),
             "steps": len(self.steps),
+            "graphs": self._graph_stats(),
             "calls": dict(self.counts),
             "failed": self.failed,
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
             "uptime_s": time.time() - self.started,
+        }
+
+    def _graph_stats(self) -> dict[str, int]:
+        """The steps replayed as one graph (``gpuremote.proxy.graphs``): how many, their
+        replays (after the first, which traces), the ops those ran, the nanoseconds in the
+        graphs' callables (wall; the process's CPU; the replaying thread's) and in the whole
+        replays (the process's CPU; the thread's)."""
+        graphs = [st.graph for st in self.steps.values() if st.graph]
+        return {
+            "steps": len(graphs),
+            "replays": sum(g.replays for g in graphs),
+            "ops": sum(g.ops * g.replays for g in graphs),
+            "run_ns": sum(g.run_ns for g in graphs),
+            "run_cpu_ns": sum(g.run_cpu_ns for g in graphs),
+            "replay_cpu_ns": sum(g.replay_cpu_ns for g in graphs),
+            "run_thread_ns": sum(g.run_thread_ns for g in graphs),
+            "replay_thread_ns": sum(g.replay_thread_ns for g in graphs),
+            "compile_s": self.compile_s,
         }
 
     def close(self) -> None:

@@ -75,6 +75,9 @@ class RecordedStep:
     nbytes: dict[int, int] = field(default_factory=dict)  # made buffers' sizes (as in calls)
     replays: int = 0
     cost_ns: float | None = None  # the proxy's estimate of a replay, made at its first
+    #: how it replays, decided at its first replay (``gpuremote.proxy.graphs``): None (not
+    #: yet), False (call by call), else its ``StepGraph``
+    graph: Any = None
 
     @classmethod
     def from_program(

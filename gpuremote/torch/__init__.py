@@ -129,12 +129,16 @@ def connect(url: str | None = None, **options: Any) -> Connection:
     return _install([_open(url, None, options)])
 
 
-def connect_local(backend: str = "numpy", url: str | None = None) -> Connection:
+def connect_local(
+    backend: str = "numpy", url: str | None = None, **proxy_options: Any
+) -> Connection:
     """Serve a proxy inside this process (``backend`` numpy, cupy, sim:check, ...; over
     ``url``, default ``inproc://``) and connect the ``gpuremote`` device to it: the whole
-    path, for tests and for trying code without a proxy machine."""
+    path, for tests and for trying code without a proxy machine. ``proxy_options``: the
+    ``Proxy``'s (``session_limits=SessionLimits(graphs="inductor")``, ...)."""
     register()
-    return _install([_open(url, backend, {})])
+    options = {"proxy_options": proxy_options} if proxy_options else {}
+    return _install([_open(url, backend, options)])
 
 
 def stats(index: int = 0) -> dict[str, Any]:

@@ -8,7 +8,8 @@ from typing import Any
 
 from ...wire.calls import CALLS_BY_NAME
 from ...wire.protocol import ArrayDesc, StepProgram
-from ..aten import check_recorded
+from ..aten import aten_session, check_recorded
+from ..graphs import GraphCallError, StepGraph, graph_for, replay_graph
 from ..state import CALL_FAILURES, BatchContext, CallFailed, Handler, ReplayFailed, SessionState
 from ..steps import RecordedStep, StepError, rebind
 from . import aten, launches, memory, streams
@@ -77,7 +78,11 @@ def step_replay(
             make_results(s, handle, results)
         raise
     try:
-        _run(s, ctx, step, binds)
+        graph = _graph(s, step)
+        if graph is None:
+            _run(s, ctx, step, binds)
+        else:
+            _run_graph(s, ctx, graph, binds)
     except ReplayFailed:
         with contextlib.suppress(*CALL_FAILURES):  # its results exist, as after a skip
             make_results(s, handle, results)
@@ -86,6 +91,36 @@ def step_replay(
         if not step.kept:  # intermediates of a step on several streams: this replay's own
             s.free([p for p in step.intermediates.values() if p in s.buffers])
     step.replays += 1
+
+
+_ATEN = {"aten"}
+
+
+def _graph(s: SessionState, step: RecordedStep) -> StepGraph | None:
+    """The graph ``step`` replays as, where it runs as one (``gpuremote.proxy.graphs``)."""
+    if step.graph is False or not _ATEN.intersection(c.spec.name for c in step.calls):
+        return None
+    if isinstance(step.graph, StepGraph):
+        return step.graph
+    return graph_for(s, aten_session(s), step)
+
+
+def _run_graph(s: SessionState, ctx: BatchContext, graph: StepGraph, binds: Any) -> None:
+    """Replay ``graph``'s step as one graph (``ReplayFailed`` names the call that failed)."""
+    step = graph.step
+    n = len(step.calls)
+    try:
+        stream = s.stream(next(c.stream for c in step.calls if c.spec.name == "aten"))
+        replay_graph(s, aten_session(s), graph, binds, stream)
+    except GraphCallError as exc:
+        what = step.calls[exc.index].what if exc.index >= 0 else f"step {step.handle}"
+        where = f"call {exc.index} of {n}" if exc.index >= 0 else "run as one graph"
+        name = f" ({step.calls[exc.index].args[0]})" if exc.index >= 0 else ""
+        raise ReplayFailed(what, CallFailed(f"step {step.handle}, {where}{name}: {exc}")) from None
+    except Exception as exc:
+        raise ReplayFailed(
+            f"step {step.handle}", CallFailed(f"step {step.handle} (as one graph): {exc}")
+        ) from None
 
 
 def _run(s: SessionState, ctx: BatchContext, step: RecordedStep, binds: Any) -> None:

@@ -1,0 +1,524 @@
+"""Recorded ATen steps run whole: one ``torch.fx`` graph per recording, called by each replay.
+
+A step of ATen calls (a graph of ``torch.compile(backend="gpuremote")``) replayed call by
+call pays, per op, what an eager op pays on the proxy: its descriptors rebound, its operands
+viewed and bounds-checked, its arguments decoded, its outputs made buffers. Here the step's
+**first replay** runs its calls once more, checked as the op-by-op path checks them, and
+traces what they do into a ``torch.fx.GraphModule``:
+
+- its inputs are the views of the buffers the step did not make (the session's weights, the
+  replay's arguments), made and bounds-checked per replay (a session buffer's view is kept
+  while the buffer is the same), and the session's random generator;
+- a buffer the step makes is the tensor its op made (no buffer, no handle): laid out as the
+  client's metadata says, or copied into such a layout where the kernel chose another (as the
+  op-by-op path copies it), its views taken by ``as_strided``;
+- its outputs are the step's results, which become the replay's new buffers.
+
+Every later replay calls the graph's generated Python (``GraphModule.forward``: the ops one
+after another, nothing else), or, where the proxy is set to (``graphs="inductor"``), the
+graph compiled by the proxy's own ``torch.compile`` (inductor: C++/OpenMP kernels on a CPU
+proxy, Triton on a GPU proxy), compiled once per content and shared by every session with
+the same graph, within a per-session budget of compile time. Only the checked ATen nodes of
+the allow-list and plain values become code; nothing a client wrote is run as code.
+
+A step that cannot be one graph (an op of its own rules: randomness lent to ops without a
+generator, the CPU's gaps; a buffer it makes viewed as another dtype) replays call by call,
+as before; so does every step on a device that times or checks its ops (``sim:``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import operator
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from ..wire.protocol import TENSOR_DTYPES, TensorDesc
+from .aten import _CPU_GAPS, AllowedOp, AtenSession, resolve_op
+from .state import CallFailed, SessionState
+from .steps import Binds, RecordedStep, StepError
+
+__all__ = ["GRAPH_MODES", "GraphCallError", "StepGraph", "graph_for", "replay_graph"]
+
+#: how a proxy runs its sessions' recorded ATen steps: call by call (``ops``), each as one
+#: interpreted FX graph (``fx``, the default), or compiled by inductor (``inductor``)
+GRAPH_MODES = ("ops", "fx", "inductor")
+
+_log = logging.getLogger(__name__)
+
+#: graphs compiled by inductor, shared by sessions: content hash -> compiled callable
+_COMPILED: OrderedDict[str, Any] = OrderedDict()
+_COMPILED_MAX = 64
+_COMPILE_LOCK = threading.Lock()
+#: the graphs' inputs' keys among their buffers' views: never one reused
+_INPUT_KEYS = itertools.count()
+
+
+class _NotGraphable(Exception):
+    """The step replays call by call (the reason is the message)."""
+
+
+class StepGraph:
+    """One recorded ATen step as a ``torch.fx`` graph: its inputs (the views of the buffers
+    it did not make), its code, and the compiled callable where inductor compiles it."""
+
+    def __init__(self, step: RecordedStep) -> None:
+        self.step = step
+        #: per input: (slot index or -1, the recorded descriptor)
+        self.inputs: list[tuple[int, TensorDesc]] = []
+        #: per input: (slot, descriptor, the key of its views among its buffer's in
+        #: ``SessionState.views``, the bytes it reaches from its offset)
+        self._inputs: list[tuple[int, TensorDesc, int, int]] = []
+        self.gm: Any = None
+        self.forward: Callable[..., Any] | None = None
+        self.compiled: Any = None
+        #: lines of the graph's code -> the step's call they run (an error names it)
+        self._line_call: dict[int, int] = {}
+        self.ops = 0
+        self.replays = 0
+        self.run_ns = 0  # in the graph's callable, over the replays
+        #: the process's CPU time in the graph's callable, and in the whole replays (the
+        #: inputs' views, the results' buffers): what the second adds is this module's cost
+        self.run_cpu_ns = 0
+        self.replay_cpu_ns = 0
+        #: this thread's CPU in the callable and in the whole replays: the difference is
+        #: this module's cost alone (the process's counts other threads' work beside it)
+        self.run_thread_ns = 0
+        self.replay_thread_ns = 0
+        self.made_bytes = 0  # what the step's buffers hold, for the session's memory limit
+        self.uses_rng = False
+        #: the step's results as they are made (recorded handles), and their sizes in bytes
+        self.results: list[TensorDesc] = []
+        self.extents: list[int] = []
+        #: the step's allocations, each as the flat tensor its views take: handle -> that
+        self.allocs: dict[int, TensorDesc] = {}
+        self._plan()
+
+    # -- building ----------------------------------------------------------------------------
+    def _plan(self) -> None:
+        """``_NotGraphable`` unless every call of the step is an ATen op this module runs or
+        an allocation, and every view of a buffer the step makes has one dtype (an
+        allocation's: its first view's) and that dtype's alignment."""
+        step = self.step
+        made: dict[int, str] = {}
+        allocs: dict[int, int] = {}  # allocated, its dtype not yet known: handle -> nbytes
+        streams = set()
+        for call in step.calls:
+            if call.spec.name == "alloc":
+                allocs[call.args[0]] = call.args[1]
+                continue
+            if call.spec.name != "aten":
+                raise _NotGraphable(f"a {call.spec.name} call")
+            streams.add(call.stream)
+            name, tensors, _, outputs = call.args
+            resolve_op(name)  # (allowed: CallFailed if not)
+            if name in _CPU_GAPS:
+                raise _NotGraphable(f"{name} runs by rules of its own on this device")
+            for d in tensors:
+                nbytes = allocs.pop(d.handle, None)
+                if nbytes is not None:  # an allocation's first view: its dtype
+                    self._alloc_as(d.handle, nbytes, d.dtype)
+                    made[d.handle] = d.dtype
+                dtype = made.get(d.handle)
+                if dtype is not None and (dtype != d.dtype or d.offset % TENSOR_DTYPES[d.dtype]):
+                    raise _NotGraphable("a buffer the step makes viewed as another dtype")
+            for d in outputs:
+                made[d.handle] = d.dtype
+        for handle, nbytes in allocs.items():  # never viewed: bytes
+            self._alloc_as(handle, nbytes, "uint8")
+        if len(streams) > 1:
+            raise _NotGraphable("calls on several streams")
+
+    def _alloc_as(self, handle: int, nbytes: int, dtype: str) -> None:
+        """An allocation of the step, as a flat tensor of ``dtype``."""
+        itemsize = TENSOR_DTYPES[dtype]
+        if nbytes % itemsize:
+            raise _NotGraphable(f"an allocation of {nbytes} bytes viewed as {dtype}")
+        self.allocs[handle] = TensorDesc(handle, 0, (nbytes // itemsize,), (1,), dtype)
+
+    def trace(self, s: SessionState, a: AtenSession, binds: Binds) -> list[Any]:
+        """Run the step's calls once (this replay), checked as the op-by-op path checks
+        them, and build the graph of what they did; returns the results' tensors."""
+        import torch
+        import torch.fx as fx
+
+        g = fx.Graph()
+        rng_node = g.placeholder("rng")
+        lender_node = g.placeholder("lender")
+        #: a buffer the step made: recorded handle -> (its node, its tensor, its descriptor)
+        made: dict[int, tuple[Any, Any, TensorDesc]] = {}
+        seen: dict[Any, tuple[Any, Any]] = {}  # a view already taken: key -> (node, tensor)
+        slot_of = {d.handle: k for k, d in enumerate(self.step.slots)}
+        rng_used = False
+        node_call: dict[str, int] = {}
+
+        def operand(d: TensorDesc) -> tuple[Any, Any]:
+            base = made.get(d.handle)
+            if base is None:  # a buffer the step did not make: an input of the graph
+                key: Any = ("in", d)
+                if key not in seen:
+                    t = a.tensor(_bound(d, binds))
+                    node = g.placeholder(f"in{len(self.inputs)}")
+                    slot = slot_of.get(d.handle, -1)
+                    reach = d.extent - d.offset if d.extent else 0
+                    self.inputs.append((slot, d))
+                    self._inputs.append((slot, d, next(_INPUT_KEYS), reach))
+                    seen[key] = (node, t)
+                return seen[key]
+            node, t, out = base
+            if d.sizes == out.sizes and d.strides == out.strides and not d.offset:
+                return node, t
+            key = ("view", d)
+            if key not in seen:
+                offset = d.offset // TENSOR_DTYPES[d.dtype]
+                view = g.call_function(
+                    torch.ops.aten.as_strided.default, (node, d.sizes, d.strides, offset)
+                )
+                seen[key] = (view, t.as_strided(d.sizes, d.strides, offset))
+            return seen[key]
+
+        for i, call in enumerate(self.step.calls):
+            if call.spec.name == "alloc":  # a zeroed buffer, as the op-by-op path's
+                d = self.allocs[call.args[0]]
+                dtype = a.dtypes[d.dtype]
+                kwargs = {"dtype": dtype, "device": a.device}
+                zeros = torch.ops.aten.zeros.default
+                node = g.call_function(zeros, (list(d.sizes),), kwargs)
+                made[d.handle] = (node, zeros(list(d.sizes), **kwargs), d)
+                self.made_bytes += call.args[1]
+                continue
+            name, tensors, encoded, outputs = call.args
+            allowed = resolve_op(name)
+            pairs = [operand(d) for d in tensors]
+            nodes = [p[0] for p in pairs]
+            values = [p[1] for p in pairs]
+            args_n = [_symbolic(a, v, nodes) for v in encoded[0]]
+            kwargs_n = {k: _symbolic(a, v, nodes) for k, v in encoded[1].items()}
+            args_v = [a.decode(v, values) for v in encoded[0]]
+            kwargs_v = {k: a.decode(v, values) for k, v in encoded[1].items()}
+            for j, arg in enumerate(allowed.op._schema.arguments):
+                if str(arg.type) == "Optional[Generator]":  # the session's, always
+                    rng_used = True
+                    if j < len(args_v):
+                        args_v[j], args_n[j] = a.rng.generator, rng_node
+                    else:
+                        kwargs_v[arg.name], kwargs_n[arg.name] = a.rng.generator, rng_node
+            lent = allowed.random_without_generator
+            rng_used = rng_used or lent
+            try:
+                if lent:
+                    result = a.rng.lent(allowed.op, args_v, kwargs_v)
+                else:
+                    result = allowed.op(*args_v, **kwargs_v)
+            except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError) as exc:
+                raise GraphCallError(i, name, f"{type(exc).__name__}: {_first_line(exc)}") from None
+            if lent:
+                node = g.call_function(
+                    _with_session_rng, (lender_node, allowed.op, *args_n), kwargs_n
+                )
+            else:
+                node = g.call_function(allowed.op, tuple(args_n), kwargs_n)
+            node_call[node.name] = i
+            memory = {v.untyped_storage().data_ptr() for v in values if isinstance(v, torch.Tensor)}
+            outs = _made(allowed, result, node)
+            if len(outs) != len(outputs):
+                raise GraphCallError(
+                    i, name, f"{name} made {len(outs)} tensors; the client expected {len(outputs)}"
+                )
+            for (r, r_node), d in zip(outs, outputs, strict=True):
+                if tuple(r.shape) != d.sizes or a.dtypes[d.dtype] != r.dtype:
+                    raise GraphCallError(
+                        i,
+                        name,
+                        f"{name} made a tensor of {r.dtype} {list(r.shape)}; the client "
+                        f"expected {d.dtype} {list(d.sizes)} (its meta kernel disagrees with "
+                        f"this device's)",
+                    )
+                if not _laid_out(r, d, memory, a.device):
+                    n = d.extent // TENSOR_DTYPES[d.dtype]
+                    r_node = g.call_function(_materialized, (r_node, d.sizes, d.strides, n))
+                    r = _materialized(r, d.sizes, d.strides, n)
+                made[d.handle] = (r_node, r, d)
+                self.made_bytes += d.extent
+            self.ops += 1
+        results = [made[h] for h in self.step.results]
+        self.results = [r[2] for r in results]
+        self.extents = [d.extent for d in self.results]
+        g.output(tuple(r[0] for r in results))  # (no dead code removed: a random op's
+        # unused result still draws from the generator, as the op-by-op path's does)
+        self.gm = fx.GraphModule(torch.nn.Module(), g)
+        self.forward = self.gm.forward
+        self.uses_rng = rng_used
+        for lineno, line in enumerate(self.gm.code.splitlines(), start=1):
+            target = line.strip().split(" = ", 1)[0]
+            if target in node_call:
+                self._line_call[lineno] = node_call[target]
+        return [r[1] for r in results]
+
+    # -- replaying ---------------------------------------------------------------------------
+    def inputs_of(self, s: SessionState, a: AtenSession, binds: Binds) -> list[Any]:
+        """The graph's inputs for one replay: each view made (bounds-checked), or kept with
+        the session buffer's other views (dropped when it is freed or replaced)."""
+        out: list[Any] = [a.rng.generator, a.rng]
+        views = s.views
+        strided = a.strided
+        for slot, d, kid, reach in self._inputs:
+            handle, shift = binds[d.handle] if slot >= 0 else (d.handle, 0)
+            key = (kid, shift)  # (the view: this input's layout, moved by shift)
+            kept = views.get(handle)
+            t = kept.get(key) if kept is not None else None
+            if t is None:  # (an unknown handle, a view past the buffer: refused)
+                offset = d.offset + shift
+                if offset < 0:
+                    raise StepError(
+                        "an argument's offset would move the step's views before its buffer"
+                    )
+                end = offset + reach if reach else 0
+                t = strided(handle, offset, d.sizes, d.strides, d.dtype, end)
+                views.setdefault(handle, {})[key] = t
+            out.append(t)
+        return out
+
+    def run(self, inputs: list[Any], mode: str, budget: Callable[[float], None]) -> Any:
+        """Call the graph (compiled first where ``mode`` is ``inductor``: once per content,
+        ``budget`` charged with the compile time); a failure names the step's call."""
+        t0, c0, h0 = time.perf_counter_ns(), time.process_time_ns(), time.thread_time_ns()
+        try:
+            if mode == "inductor" and not self.uses_rng and self.compiled is None:
+                self.compiled, out = _compiled(self, inputs, budget)
+            else:
+                fn = self.compiled if self.compiled is not None else self.forward
+                assert fn is not None
+                out = fn(*inputs)
+        except CallFailed:
+            raise
+        except Exception as exc:
+            message = f"{type(exc).__name__}: {_first_line(exc)}"
+            raise GraphCallError(self._failed_call(exc), "", message) from None
+        self.run_ns += time.perf_counter_ns() - t0
+        self.run_cpu_ns += time.process_time_ns() - c0
+        self.run_thread_ns += time.thread_time_ns() - h0
+        self.replays += 1
+        return out
+
+    def _failed_call(self, exc: BaseException) -> int:
+        """The step's call whose line of the graph's code raised ``exc`` (-1: unknown)."""
+        filename = self.forward.__code__.co_filename if self.forward is not None else None
+        tb = exc.__traceback__
+        found = -1
+        while tb is not None:
+            if tb.tb_frame.f_code.co_filename == filename:
+                found = self._line_call.get(tb.tb_lineno, found)
+            tb = tb.tb_next
+        return found
+
+
+class GraphCallError(Exception):
+    """Call ``index`` of a step run as one graph failed (-1: which one is not known)."""
+
+    def __init__(self, index: int, name: str, message: str) -> None:
+        super().__init__(message)
+        self.index = index
+        self.name = name
+
+
+def graph_for(s: SessionState, a: AtenSession, step: RecordedStep) -> StepGraph | None:
+    """``step``'s graph, to be traced by its next replay (a new ``StepGraph``), or None where
+    it replays call by call (recorded on the step, so that it is decided once)."""
+    if step.graph is not None:
+        return step.graph if isinstance(step.graph, StepGraph) else None
+    runtime = a.runtime
+    if s.limits.graphs == "ops" or runtime.profile is not None or not runtime.computes:
+        step.graph = False
+        return None
+    try:
+        return StepGraph(step)
+    except _NotGraphable as exc:
+        _log.debug("step %d replays call by call: %s", step.handle, exc)
+        step.graph = False
+        return None
+    except CallFailed:  # an op no longer allowed: the call-by-call path says so
+        step.graph = False
+        return None
+
+
+def replay_graph(
+    s: SessionState, a: AtenSession, graph: StepGraph, binds: Binds, stream: Any
+) -> None:
+    """Replay ``graph``'s step with ``binds`` (traced on its first replay): its results
+    become the replay's buffers. ``StepError`` for an argument out of bounds; ``GraphCallError``
+    names the call that failed."""
+    c0, h0 = time.process_time_ns(), time.thread_time_ns()
+    step = graph.step
+    traced = graph.gm is not None
+    room = s.device_bytes + graph.made_bytes
+    if graph.gm is not None and room > s.limits.max_device_bytes:
+        raise CallFailed(
+            f"step {step.handle} makes {graph.made_bytes} bytes; this session holds "
+            f"{s.device_bytes} and its limit is {s.limits.max_device_bytes}"
+        )
+    keep = a.runtime.keeps_results
+
+    def job() -> list[Any]:
+        with a.isolated():
+            if graph.gm is None:
+                step.graph = graph  # (a failed trace leaves step.graph None: traced again)
+                try:
+                    return graph.trace(s, a, binds)
+                except BaseException:
+                    step.graph = None
+                    raise
+            inputs = graph.inputs_of(s, a, binds)
+            return list(graph.run(inputs, s.limits.graphs, _budget(s)))
+
+    results = a.runtime.run(job, [], [], stream)
+    name = f"step {step.handle}"
+    adopt = a.runtime.adopt
+    for r, d, extent in zip(results, graph.results, graph.extents, strict=True):
+        handle = binds[d.handle][0]
+        s.check_new(s.buffers, handle, "buffer")
+        # the trace made each result the client's layout, from byte 0 of its own memory
+        if keep and r.storage_offset() == 0 and r.untyped_storage().nbytes() == extent:
+            s.adopt(handle, adopt(r), extent)
+        elif keep:
+            a.operand_memory = set()
+            a.keep_outputs(name, [r], [d._replace(handle=handle)])
+        else:
+            s.alloc(handle, extent)
+            a.fill_outputs(name, [r], [d._replace(handle=handle)])
+    if traced:
+        graph.replay_cpu_ns += time.process_time_ns() - c0
+        graph.replay_thread_ns += time.thread_time_ns() - h0
+
+
+def _budget(s: SessionState) -> Callable[[float], None]:
+    """Charges the session's compile time; ``CallFailed`` before a compile past its budget."""
+
+    def charge(seconds: float) -> None:
+        if seconds < 0:  # asked before compiling: is anything left?
+            if s.compile_s >= s.limits.max_compile_s:
+                raise CallFailed(
+                    f"this session has spent {s.compile_s:.1f} s compiling graphs; its budget "
+                    f"is {s.limits.max_compile_s:g} s (the proxy's --max-compile-s)"
+                )
+            return
+        s.compile_s += seconds
+
+    return charge
+
+
+def _compiled(
+    graph: StepGraph, inputs: list[Any], budget: Callable[[float], None]
+) -> tuple[Any, Any]:
+    """``graph`` compiled by inductor (found in the cache, else compiled within the
+    session's budget) and its outputs for ``inputs``."""
+    import torch
+
+    key = _content_key(graph, inputs)
+    with _COMPILE_LOCK:
+        fn = _COMPILED.get(key)
+        if fn is not None:
+            _COMPILED.move_to_end(key)
+    if fn is not None:
+        return fn, fn(*inputs)
+    budget(-1.0)
+    t0 = time.perf_counter()
+    fn = torch.compile(graph.gm.forward, backend="inductor", fullgraph=True, dynamic=False)
+    try:
+        out = fn(*inputs)  # compiles, then runs
+    finally:
+        budget(time.perf_counter() - t0)
+    with _COMPILE_LOCK:
+        _COMPILED[key] = fn
+        while len(_COMPILED) > _COMPILED_MAX:
+            _COMPILED.popitem(last=False)
+    return fn, out
+
+
+def _content_key(graph: StepGraph, inputs: list[Any]) -> str:
+    """What a compiled graph depends on: its code and its inputs' layouts and aliasing."""
+    h = hashlib.sha256(graph.gm.code.encode())
+    groups: dict[int, int] = {}
+    for t in inputs[2:]:
+        ptr = t.untyped_storage().data_ptr()
+        group = groups.setdefault(ptr, len(groups))
+        h.update(repr((group, tuple(t.shape), t.stride(), t.storage_offset(), t.dtype)).encode())
+    return h.hexdigest()
+
+
+def _bound(d: TensorDesc, binds: Binds) -> TensorDesc:
+    b = binds.get(d.handle)
+    if b is None:
+        return d
+    offset = d.offset + b[1]
+    if offset < 0:
+        raise StepError("an argument's offset would move the step's views before its buffer")
+    return TensorDesc(b[0], offset, d.sizes, d.strides, d.dtype)
+
+
+def _symbolic(a: AtenSession, value: Any, nodes: list[Any]) -> Any:
+    """An encoded argument as the graph takes it: tensors as their nodes."""
+    t = type(value)
+    if t is list:
+        return [_symbolic(a, v, nodes) for v in value]
+    if t is dict and "t" in value:
+        return nodes[value["t"]]
+    return a.decode(value, ())
+
+
+def _made(allowed: AllowedOp, result: Any, node: Any) -> list[tuple[Any, Any]]:
+    """The tensors op ``allowed`` made (not those it wrote), each with its graph node."""
+    import torch
+
+    out: list[tuple[Any, Any]] = []
+    graph = node.graph
+    single = allowed.n_returns == 1
+    values = (result,) if single else tuple(result) if allowed.n_returns else ()
+    for i, ((is_list, aliases), r) in enumerate(zip(allowed.returns, values, strict=True)):
+        if aliases:
+            continue
+        r_node = node if single else graph.call_function(operator.getitem, (node, i))
+        if is_list:
+            for j, x in enumerate(r):
+                out.append((x, graph.call_function(operator.getitem, (r_node, j))))
+        elif isinstance(r, torch.Tensor):
+            out.append((r, r_node))
+    return out
+
+
+def _laid_out(r: Any, d: TensorDesc, operand_memory: set[int], device: Any) -> bool:
+    """Whether tensor ``r`` is buffer ``d`` as the client laid it out (its own memory, dense,
+    from byte 0), so that the views the client takes of it are views of ``r``."""
+    return bool(
+        r.untyped_storage().data_ptr() not in operand_memory
+        and tuple(r.stride()) == d.strides
+        and r.storage_offset() == 0
+        and r.untyped_storage().nbytes() == d.extent
+        and r.device == device
+        and r._base is None
+        and r.numel() * r.element_size() == d.extent
+    )
+
+
+def _with_session_rng(lender: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    """Random op ``op``, which takes no generator, run on the session's (``lender``: its
+    ``SessionGenerator``)."""
+    return lender.lent(op, list(args), kwargs)
+
+
+def _materialized(r: Any, sizes: Any, strides: Any, n: int) -> Any:
+    """``r`` copied into a zeroed tensor of ``n`` elements laid out as ``sizes``/``strides``
+    (a layout the client chose that the kernel did not)."""
+    out = r.new_zeros(n).as_strided(sizes, strides, 0)
+    out.copy_(r)
+    return out
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:400] if text else type(exc).__name__

@@ -1,0 +1,276 @@
+"""Recorded ATen steps replayed whole on the proxy (``gpuremote.proxy.graphs``): the graphs
+of ``torch.compile(backend="gpuremote")`` run as one FX graph each (bitwise the call-by-call
+replay's and the CPU's), or compiled by the proxy's inductor (within 1e-5, cached across
+sessions, within a compile budget); a failing call is named; bad replays are refused."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="gpuremote.torch needs the [torch] extra")
+
+import gpuremote.torch as gt  # noqa: E402
+from gpuremote.core.driver import SyncDriver  # noqa: E402
+from gpuremote.errors import RemoteCallError  # noqa: E402
+from gpuremote.proxy.state import SessionLimits  # noqa: E402
+from gpuremote.tools.proxyprocess import LocalProxy  # noqa: E402
+from gpuremote.torch.models import train, workload  # noqa: E402
+from gpuremote.wire.calls import BUFFER, CALLS_BY_NAME  # noqa: E402
+
+C = CALLS_BY_NAME
+nn = torch.nn
+
+
+def _graphs(conn: Any) -> dict[str, Any]:
+    """The proxy's figures of this session's graphs (its ``stats`` call)."""
+    stats, _ = conn.drivers[0].call(C["stats"], [])
+    return dict(stats["graphs"])
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def _max_diff(a: Any, b: Any) -> float:
+    if isinstance(a, torch.Tensor):
+        return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+    if isinstance(a, dict):
+        return max(_max_diff(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return max(_max_diff(x, y) for x, y in zip(a, b, strict=True))
+    return abs(a - b)
+
+
+def _train(graphs: str, name: str, steps: int = 4) -> tuple[Any, dict[str, Any]]:
+    torch._dynamo.reset()
+    limits = SessionLimits(graphs=graphs)
+    with gt.connect_local("numpy", session_limits=limits) as conn:
+        got = train(workload(name, "small"), "gpuremote", steps, compile="gpuremote")
+        figures = _graphs(conn)
+    torch._dynamo.reset()
+    return got, figures
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["resnet18", "bert", "gpt2"])
+def test_compiled_models_replay_as_one_graph_bitwise_as_call_by_call(name: str) -> None:
+    """4 training steps: the forward and backward graphs replay as one FX graph each (the
+    first replay traces it), with the losses and weights of the call-by-call replay and of
+    the CPU, bit for bit."""
+    expected = train(workload(name, "small"), "cpu", 4)
+    by_call, none = _train("ops", name)
+    whole, figures = _train("fx", name)
+    assert none["steps"] == 0
+    assert figures["steps"] == 2 and figures["replays"] == 4 and figures["ops"] > 20, figures
+    assert _equal(by_call, whole)
+    assert _equal(expected, whole)
+
+
+class _Dropped(nn.Module):
+    """Dropout between two linear layers (the session generator's draws, in a graph)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.drop = nn.Linear(8, 16), nn.Linear(16, 2), nn.Dropout(0.5)
+
+    def forward(self, x: Any) -> Any:
+        return self.b(self.drop(torch.relu(self.a(x))))
+
+
+def _dropout_steps(graphs: str) -> tuple[list[float], Any]:
+    torch._dynamo.reset()
+    with gt.connect_local("numpy", session_limits=SessionLimits(graphs=graphs)) as conn:
+        torch.manual_seed(0)
+        model = _Dropped().to("gpuremote")
+        run = torch.compile(model, backend="gpuremote")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(32, 8, generator=torch.Generator().manual_seed(1)).to("gpuremote")
+        losses = []
+        for _ in range(5):
+            loss = run(x).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        figures = _graphs(conn)
+        weights = {k: v.cpu() for k, v in model.state_dict().items()}
+    torch._dynamo.reset()
+    return losses, (weights, figures)
+
+
+def test_random_ops_in_a_graph_draw_from_the_session_generator_as_call_by_call() -> None:
+    by_call, (w_calls, _) = _dropout_steps("ops")
+    whole, (w_whole, figures) = _dropout_steps("fx")
+    assert figures["steps"] >= 1 and figures["replays"] >= 1, figures
+    assert by_call == whole and _equal(w_calls, w_whole)
+    assert len(set(whole)) == len(whole)  # (each step drew its own mask)
+
+
+# -- by hand: the wire form -------------------------------------------------------------
+@pytest.fixture
+def driver() -> Iterator[SyncDriver]:
+    d = SyncDriver(None, serve="numpy", proxy_options={"session_limits": SessionLimits()})
+    try:
+        yield d
+    finally:
+        d.close()
+
+
+def _upload(d: SyncDriver, data: np.ndarray) -> int:
+    h = d.session.new_handle()
+    d.post(C["alloc"], 0, [h, data.nbytes])
+    raw = memoryview(np.ascontiguousarray(data).view(np.uint8))
+    d.post(C["copy_h2d"], 0, [[h, 0, [data.nbytes], "uint8"], BUFFER], raw)
+    return h
+
+
+def _read(d: SyncDriver, h: int, n: int, dtype: Any = np.float32) -> list[Any]:
+    size = n * np.dtype(dtype).itemsize
+    _, bufs = d.call(C["copy_d2h"], [[h, 0, [size], "uint8"]])
+    return np.frombuffer(bufs[0], dtype=dtype).tolist()
+
+
+def _t(h: int, n: int, dtype: str = "float32", offset: int = 0) -> list[Any]:
+    return [h, offset, [n], [1], dtype]
+
+
+def _aten(op: str, operands: list[Any], outputs: list[Any], args: list[Any] | None = None) -> Any:
+    encoded = [args if args is not None else [{"t": i} for i in range(len(operands))], {}]
+    return [C["aten"].opcode, 0, [op, operands, encoded, outputs]]
+
+
+def _gather_step(d: SyncDriver, x: int, idx: int) -> tuple[int, int]:
+    """A step of three calls: ``tmp = x * x``; a zeroed allocation ``z``; ``out =
+    index_select(tmp, 0, idx) + z`` (``x``, ``idx`` its arguments)."""
+    tmp, z, sel, out = (d.session.new_handle() for _ in range(4))
+    program = [
+        [[x, 0, [16], "uint8"], [idx, 0, [16], "uint8"]],
+        [
+            _aten("mul.Tensor", [_t(x, 4), _t(x, 4)], [_t(tmp, 4)]),
+            [C["alloc"].opcode, 0, [z, 8]],
+            _aten(
+                "index_select.default",
+                [_t(tmp, 4), _t(idx, 2, "int64")],
+                [_t(sel, 2)],
+                [{"t": 0}, 0, {"t": 1}],
+            ),
+            _aten("add.Tensor", [_t(sel, 2), _t(z, 2)], [_t(out, 2)]),
+        ],
+        [0, 1],
+        [out],
+    ]
+    step = d.session.new_handle()
+    d.post(C["step_record"], 0, [step, program])
+    return step, out
+
+
+def test_a_replay_failing_in_the_graph_names_its_call(driver: SyncDriver) -> None:
+    d = driver
+    x = _upload(d, np.array([1, 2, 3, 4], np.float32))
+    good = _upload(d, np.array([3, 0], np.int64))
+    bad = _upload(d, np.array([3, 9], np.int64))  # out of range: index_select fails
+    step, _ = _gather_step(d, x, good)
+    results = []
+    for _ in range(3):  # traced, then run as the graph
+        new = d.session.new_handle()
+        d.post(
+            C["step_replay"], 0, [step, [[x, 0, [16], "uint8"], [good, 0, [16], "uint8"]], [new]]
+        )
+        results.append(_read(d, new, 2))
+    assert results == [[16.0, 1.0]] * 3
+    stats, _ = d.call(C["stats"], [])
+    assert stats["graphs"]["steps"] == 1 and stats["graphs"]["replays"] == 2
+    lost = d.session.new_handle()
+    d.post(C["step_replay"], 0, [step, [[x, 0, [16], "uint8"], [bad, 0, [16], "uint8"]], [lost]])
+    with pytest.raises(RemoteCallError, match=r"call 2 of 4 \(index_select.default\)") as info:
+        d.call(C["device_synchronize"], [])
+    assert info.value.call == "step_replay"
+    assert _read(d, lost, 2) == [0.0, 0.0]  # its result exists, as after a skip
+    again = d.session.new_handle()  # the session goes on
+    d.post(C["step_replay"], 0, [step, [[x, 0, [16], "uint8"], [good, 0, [16], "uint8"]], [again]])
+    assert _read(d, again, 2) == [16.0, 1.0]
+
+
+def test_a_graph_replay_checks_its_arguments_bounds(driver: SyncDriver) -> None:
+    d = driver
+    x = _upload(d, np.array([1, 2, 3, 4], np.float32))
+    idx = _upload(d, np.array([1, 2], np.int64))
+    small = _upload(d, np.array([1, 2], np.float32))  # 8 bytes: the step reads 16
+    step, _ = _gather_step(d, x, idx)
+    for _ in range(2):
+        new = d.session.new_handle()
+        d.post(C["step_replay"], 0, [step, [[x, 0, [16], "uint8"], [idx, 0, [16], "uint8"]], [new]])
+        assert _read(d, new, 2) == [4.0, 9.0]
+    new = d.session.new_handle()
+    d.post(C["step_replay"], 0, [step, [[small, 0, [16], "uint8"], [idx, 0, [16], "uint8"]], [new]])
+    with pytest.raises(RemoteCallError, match="reaches byte 16 of buffer"):
+        d.call(C["device_synchronize"], [])
+
+
+def test_the_compile_budget_spent_is_a_clear_error_and_the_proxy_serves_others() -> None:
+    with LocalProxy(
+        "tcp", "numpy", extra_args=("--graphs", "inductor", "--max-compile-s", "0")
+    ) as p:
+        a, b = SyncDriver(p.url), SyncDriver(p.url)
+        try:
+            x = _upload(a, np.array([1, 2, 3, 4], np.float32))
+            idx = _upload(a, np.array([1, 2], np.int64))
+            step, _ = _gather_step(a, x, idx)
+            args = [[x, 0, [16], "uint8"], [idx, 0, [16], "uint8"]]
+            first = a.session.new_handle()
+            a.post(C["step_replay"], 0, [step, args, [first]])  # traced (no compiling)
+            assert _read(a, first, 2) == [4.0, 9.0]
+            second = a.session.new_handle()
+            a.post(C["step_replay"], 0, [step, args, [second]])  # would compile
+            with pytest.raises(RemoteCallError, match=r"budget is 0 s .*--max-compile-s"):
+                a.call(C["device_synchronize"], [])
+            y = _upload(b, np.array([5, 6], np.float32))
+            assert _read(b, y, 2) == [5.0, 6.0]
+        finally:
+            a.close()
+            b.close()
+
+
+@pytest.mark.slow
+def test_inductor_graphs_train_within_1e_5_and_are_shared_by_sessions() -> None:
+    """A small MLP trained 5 steps with the proxy compiling its graphs by inductor: within
+    1e-5 of the call-by-call replay; a second session with the same graphs compiles
+    nothing (the compiled graphs are found by their content)."""
+
+    def run(graphs: str) -> tuple[Any, dict[str, Any]]:
+        torch._dynamo.reset()
+        with gt.connect_local("numpy", session_limits=SessionLimits(graphs=graphs)) as conn:
+            torch.manual_seed(0)
+            model = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 1)).to("gpuremote")
+            step = torch.compile(model, backend="gpuremote")
+            opt = torch.optim.SGD(model.parameters(), lr=0.05)
+            x = torch.randn(64, 8, generator=torch.Generator().manual_seed(1)).to("gpuremote")
+            losses = []
+            for _ in range(5):
+                loss = step(x).square().mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+            weights = {k: v.cpu() for k, v in model.state_dict().items()}
+            figures = _graphs(conn)
+        torch._dynamo.reset()
+        return (losses, weights), figures
+
+    expected, _ = run("ops")
+    got, first = run("inductor")
+    again, second = run("inductor")
+    assert first["steps"] == 2 and first["compile_s"] > 0, first
+    assert second["compile_s"] == 0, second
+    assert _max_diff(expected, got) <= 1e-5
+    assert _equal(got, again)
