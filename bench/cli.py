@@ -506,7 +506,7 @@ _OPS_OPTIONS = (
     ),
     _option(
         "--graphs",
-        choices=("fx", "inductor", "ops"),
+        choices=("fx", "inductor", "cudagraphs", "ops"),
         default="fx",
         help="how the proxy the bench starts replays compiled graphs (serve --graphs): one FX "
         "graph each (default), compiled by its inductor, or op by op",

@@ -49,6 +49,7 @@ class _Side:
     #: the proxy's graphs (``gpuremote.proxy.graphs``): ops replayed in them, the replaying
     #: thread's CPU in their callables and in their whole replays
     graph_ops: int = 0
+    graph_run_s: float = 0.0  # wall time in their callables
     graph_run_cpu_s: float = 0.0
     graph_replay_cpu_s: float = 0.0
 
@@ -83,6 +84,7 @@ def _row(
         "graph_replays_per_step": remote.replays / n,
         "eager_graphs_per_step": remote.eager_graphs / n,
         "proxy_graph_ops_per_step": remote.graph_ops / n,
+        "proxy_graph_run_ms": 1e3 * remote.graph_run_s / n,  # the graphs' callables, wall
         # the proxy's CPU per op of its graphs beyond the ops' own (the callable's): the
         # inputs' views, the results' buffers, the replay's bookkeeping
         "proxy_cpu_per_graph_op_us": (
@@ -289,6 +291,7 @@ def _add(
     side.eager_graphs += s1["graphs_eager"] - s0["graphs_eager"]
     g0, g1 = p0.get("graphs") or {}, p1.get("graphs") or {}
     side.graph_ops += g1.get("ops", 0) - g0.get("ops", 0)
+    side.graph_run_s += 1e-9 * (g1.get("run_ns", 0) - g0.get("run_ns", 0))
     side.graph_run_cpu_s += 1e-9 * (g1.get("run_thread_ns", 0) - g0.get("run_thread_ns", 0))
     side.graph_replay_cpu_s += 1e-9 * (
         g1.get("replay_thread_ns", 0) - g0.get("replay_thread_ns", 0)

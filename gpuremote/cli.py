@@ -358,11 +358,11 @@ _SERVE_OPTIONS = (
     _option("--max-steps", type=int, default=None, help="recorded steps a session may keep (256)"),
     _option(
         "--graphs",
-        choices=("fx", "inductor", "ops"),
+        choices=("fx", "inductor", "cudagraphs", "ops"),
         default=None,
         help="how recorded PyTorch graphs (torch.compile(backend='gpuremote')) replay: each "
         "as one FX graph (fx, default), compiled by this proxy's torch.compile (inductor), "
-        "or op by op (ops)",
+        "so and replayed as CUDA graphs on a GPU (cudagraphs), or op by op (ops)",
     ),
     _option(
         "--max-compile-s",

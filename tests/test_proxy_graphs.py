@@ -5,6 +5,7 @@ sessions, within a compile budget); a failing call is named; bad replays are ref
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +24,13 @@ from gpuremote.wire.calls import BUFFER, CALLS_BY_NAME  # noqa: E402
 
 C = CALLS_BY_NAME
 nn = torch.nn
+#: the backends whose graphs these tests run (a simulated device replays call by call):
+#: ``GPUREMOTE_TEST_BACKENDS``' numpy and cupy (``scripts/gpu_check.sh`` runs cupy)
+BACKENDS = [
+    b
+    for b in os.environ.get("GPUREMOTE_TEST_BACKENDS", "numpy").split(",")
+    if b.strip() in ("numpy", "cupy")
+] or ["numpy"]
 
 
 def _graphs(conn: Any) -> dict[str, Any]:
@@ -51,10 +59,15 @@ def _max_diff(a: Any, b: Any) -> float:
     return abs(a - b)
 
 
-def _train(graphs: str, name: str, steps: int = 4) -> tuple[Any, dict[str, Any]]:
+def _same(a: Any, b: Any, backend: str) -> bool:
+    """Bitwise on the CPU's kernels; within 1e-5 on a GPU's (atomics sum in any order)."""
+    return _equal(a, b) if backend == "numpy" else _max_diff(a, b) <= 1e-5
+
+
+def _train(graphs: str, name: str, backend: str, steps: int = 4) -> tuple[Any, dict[str, Any]]:
     torch._dynamo.reset()
     limits = SessionLimits(graphs=graphs)
-    with gt.connect_local("numpy", session_limits=limits) as conn:
+    with gt.connect_local(backend, session_limits=limits) as conn:
         got = train(workload(name, "small"), "gpuremote", steps, compile="gpuremote")
         figures = _graphs(conn)
     torch._dynamo.reset()
@@ -62,18 +75,21 @@ def _train(graphs: str, name: str, steps: int = 4) -> tuple[Any, dict[str, Any]]
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", ["resnet18", "bert", "gpt2"])
-def test_compiled_models_replay_as_one_graph_bitwise_as_call_by_call(name: str) -> None:
+def test_compiled_models_replay_as_one_graph_bitwise_as_call_by_call(
+    name: str, backend: str
+) -> None:
     """4 training steps: the forward and backward graphs replay as one FX graph each (the
-    first replay traces it), with the losses and weights of the call-by-call replay and of
-    the CPU, bit for bit."""
-    expected = train(workload(name, "small"), "cpu", 4)
-    by_call, none = _train("ops", name)
-    whole, figures = _train("fx", name)
+    first replay traces it), with the losses and weights of the call-by-call replay and (on
+    NumPy) of the CPU, bit for bit."""
+    by_call, none = _train("ops", name, backend)
+    whole, figures = _train("fx", name, backend)
     assert none["steps"] == 0
     assert figures["steps"] == 2 and figures["replays"] == 4 and figures["ops"] > 20, figures
-    assert _equal(by_call, whole)
-    assert _equal(expected, whole)
+    assert _same(by_call, whole, backend)
+    if backend == "numpy":
+        assert _equal(train(workload(name, "small"), "cpu", 4), whole)
 
 
 class _Dropped(nn.Module):
@@ -87,9 +103,9 @@ class _Dropped(nn.Module):
         return self.b(self.drop(torch.relu(self.a(x))))
 
 
-def _dropout_steps(graphs: str) -> tuple[list[float], Any]:
+def _dropout_steps(graphs: str, backend: str) -> tuple[list[float], Any]:
     torch._dynamo.reset()
-    with gt.connect_local("numpy", session_limits=SessionLimits(graphs=graphs)) as conn:
+    with gt.connect_local(backend, session_limits=SessionLimits(graphs=graphs)) as conn:
         torch.manual_seed(0)
         model = _Dropped().to("gpuremote")
         run = torch.compile(model, backend="gpuremote")
@@ -108,11 +124,14 @@ def _dropout_steps(graphs: str) -> tuple[list[float], Any]:
     return losses, (weights, figures)
 
 
-def test_random_ops_in_a_graph_draw_from_the_session_generator_as_call_by_call() -> None:
-    by_call, (w_calls, _) = _dropout_steps("ops")
-    whole, (w_whole, figures) = _dropout_steps("fx")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_random_ops_in_a_graph_draw_from_the_session_generator_as_call_by_call(
+    backend: str,
+) -> None:
+    by_call, (w_calls, _) = _dropout_steps("ops", backend)
+    whole, (w_whole, figures) = _dropout_steps("fx", backend)
     assert figures["steps"] >= 1 and figures["replays"] >= 1, figures
-    assert by_call == whole and _equal(w_calls, w_whole)
+    assert _same(by_call, whole, backend) and _same(w_calls, w_whole, backend)
     assert len(set(whole)) == len(whole)  # (each step drew its own mask)
 
 
@@ -242,14 +261,21 @@ def test_the_compile_budget_spent_is_a_clear_error_and_the_proxy_serves_others()
 
 
 @pytest.mark.slow
-def test_inductor_graphs_train_within_1e_5_and_are_shared_by_sessions() -> None:
-    """A small MLP trained 5 steps with the proxy compiling its graphs by inductor: within
-    1e-5 of the call-by-call replay; a second session with the same graphs compiles
-    nothing (the compiled graphs are found by their content)."""
+@pytest.mark.parametrize(
+    "backend, mode",
+    [(b, "inductor") for b in BACKENDS] + [(b, "cudagraphs") for b in BACKENDS if b == "cupy"],
+)
+def test_inductor_graphs_train_within_1e_5_and_are_shared_by_sessions(
+    backend: str, mode: str
+) -> None:
+    """A small MLP trained 5 steps with the proxy compiling its graphs by inductor (on a GPU
+    also replayed as CUDA graphs): within 1e-5 of the call-by-call replay; a second session
+    with the same graphs compiles nothing (the compiled graphs are found by their
+    content)."""
 
     def run(graphs: str) -> tuple[Any, dict[str, Any]]:
         torch._dynamo.reset()
-        with gt.connect_local("numpy", session_limits=SessionLimits(graphs=graphs)) as conn:
+        with gt.connect_local(backend, session_limits=SessionLimits(graphs=graphs)) as conn:
             torch.manual_seed(0)
             model = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 1)).to("gpuremote")
             step = torch.compile(model, backend="gpuremote")
@@ -268,8 +294,8 @@ def test_inductor_graphs_train_within_1e_5_and_are_shared_by_sessions() -> None:
         return (losses, weights), figures
 
     expected, _ = run("ops")
-    got, first = run("inductor")
-    again, second = run("inductor")
+    got, first = run(mode)
+    again, second = run(mode)
     assert first["steps"] == 2 and first["compile_s"] > 0, first
     assert second["compile_s"] == 0, second
     assert _max_diff(expected, got) <= 1e-5

@@ -46,8 +46,10 @@ from .steps import Binds, RecordedStep, StepError
 __all__ = ["GRAPH_MODES", "GraphCallError", "StepGraph", "graph_for", "replay_graph"]
 
 #: how a proxy runs its sessions' recorded ATen steps: call by call (``ops``), each as one
-#: interpreted FX graph (``fx``, the default), or compiled by inductor (``inductor``)
-GRAPH_MODES = ("ops", "fx", "inductor")
+#: interpreted FX graph (``fx``, the default), compiled by inductor (``inductor``), or so and
+#: replayed as a CUDA graph on a GPU proxy (``cudagraphs``: inductor's ``reduce-overhead``;
+#: on a CPU proxy, as ``inductor``)
+GRAPH_MODES = ("ops", "fx", "inductor", "cudagraphs")
 
 _log = logging.getLogger(__name__)
 
@@ -55,6 +57,7 @@ _log = logging.getLogger(__name__)
 _COMPILED: OrderedDict[str, Any] = OrderedDict()
 _COMPILED_MAX = 64
 _COMPILE_LOCK = threading.Lock()
+_COMPILING = ("inductor", "cudagraphs")
 #: the graphs' inputs' keys among their buffers' views: never one reused
 _INPUT_KEYS = itertools.count()
 
@@ -72,8 +75,9 @@ class StepGraph:
         #: per input: (slot index or -1, the recorded descriptor)
         self.inputs: list[tuple[int, TensorDesc]] = []
         #: per input: (slot, descriptor, the key of its views among its buffer's in
-        #: ``SessionState.views``, the bytes it reaches from its offset)
-        self._inputs: list[tuple[int, TensorDesc, int, int]] = []
+        #: ``SessionState.views``, the bytes it reaches from its offset, the key under which
+        #: a graph's result is kept as the whole of its buffer, where the input is that)
+        self._inputs: list[tuple[int, TensorDesc, int, int, Any]] = []
         self.gm: Any = None
         self.forward: Callable[..., Any] | None = None
         self.compiled: Any = None
@@ -95,6 +99,7 @@ class StepGraph:
         #: the step's results as they are made (recorded handles), and their sizes in bytes
         self.results: list[TensorDesc] = []
         self.extents: list[int] = []
+        self.wholes: list[Any] = []  # their keys among their buffers' views (``_whole``)
         #: the step's allocations, each as the flat tensor its views take: handle -> that
         self.allocs: dict[int, TensorDesc] = {}
         self._plan()
@@ -167,7 +172,8 @@ class StepGraph:
                     slot = slot_of.get(d.handle, -1)
                     reach = d.extent - d.offset if d.extent else 0
                     self.inputs.append((slot, d))
-                    self._inputs.append((slot, d, next(_INPUT_KEYS), reach))
+                    whole = _whole(d) if not d.offset else None
+                    self._inputs.append((slot, d, next(_INPUT_KEYS), reach, whole))
                     seen[key] = (node, t)
                 return seen[key]
             node, t, out = base
@@ -249,6 +255,7 @@ class StepGraph:
         results = [made[h] for h in self.step.results]
         self.results = [r[2] for r in results]
         self.extents = [d.extent for d in self.results]
+        self.wholes = [_whole(d) for d in self.results]
         g.output(tuple(r[0] for r in results))  # (no dead code removed: a random op's
         # unused result still draws from the generator, as the op-by-op path's does)
         self.gm = fx.GraphModule(torch.nn.Module(), g)
@@ -267,11 +274,13 @@ class StepGraph:
         out: list[Any] = [a.rng.generator, a.rng]
         views = s.views
         strided = a.strided
-        for slot, d, kid, reach in self._inputs:
+        for slot, d, kid, reach, whole in self._inputs:
             handle, shift = binds[d.handle] if slot >= 0 else (d.handle, 0)
             key = (kid, shift)  # (the view: this input's layout, moved by shift)
             kept = views.get(handle)
             t = kept.get(key) if kept is not None else None
+            if t is None and whole is not None and kept is not None and not shift:
+                t = kept.get(whole)  # a graph's result, as it made it
             if t is None:  # (an unknown handle, a view past the buffer: refused)
                 offset = d.offset + shift
                 if offset < 0:
@@ -289,8 +298,8 @@ class StepGraph:
         ``budget`` charged with the compile time); a failure names the step's call."""
         t0, c0, h0 = time.perf_counter_ns(), time.process_time_ns(), time.thread_time_ns()
         try:
-            if mode == "inductor" and not self.uses_rng and self.compiled is None:
-                self.compiled, out = _compiled(self, inputs, budget)
+            if mode in _COMPILING and not self.uses_rng and self.compiled is None:
+                self.compiled, out = _compiled(self, inputs, budget, mode)
             else:
                 fn = self.compiled if self.compiled is not None else self.forward
                 assert fn is not None
@@ -378,13 +387,16 @@ def replay_graph(
 
     results = a.runtime.run(job, [], [], stream)
     name = f"step {step.handle}"
-    adopt = a.runtime.adopt
-    for r, d, extent in zip(results, graph.results, graph.extents, strict=True):
+    adopt, views = a.runtime.adopt, s.views
+    for r, d, extent, whole in zip(
+        results, graph.results, graph.extents, graph.wholes, strict=True
+    ):
         handle = binds[d.handle][0]
         s.check_new(s.buffers, handle, "buffer")
         # the trace made each result the client's layout, from byte 0 of its own memory
         if keep and r.storage_offset() == 0 and r.untyped_storage().nbytes() == extent:
             s.adopt(handle, adopt(r), extent)
+            views[handle] = {whole: r}  # (the view a graph's input of it takes: r itself)
         elif keep:
             a.operand_memory = set()
             a.keep_outputs(name, [r], [d._replace(handle=handle)])
@@ -413,42 +425,61 @@ def _budget(s: SessionState) -> Callable[[float], None]:
 
 
 def _compiled(
-    graph: StepGraph, inputs: list[Any], budget: Callable[[float], None]
+    graph: StepGraph, inputs: list[Any], budget: Callable[[float], None], mode: str
 ) -> tuple[Any, Any]:
     """``graph`` compiled by inductor (found in the cache, else compiled within the
-    session's budget) and its outputs for ``inputs``."""
+    session's budget; one compile at a time: TorchDynamo compiles one frame at a time) and
+    its outputs for ``inputs``."""
     import torch
 
-    key = _content_key(graph, inputs)
+    cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs[2:])
+    compile_mode = "reduce-overhead" if mode == "cudagraphs" and cuda else None
+    key = _content_key(graph, inputs, str(compile_mode))
     with _COMPILE_LOCK:
         fn = _COMPILED.get(key)
         if fn is not None:
             _COMPILED.move_to_end(key)
-    if fn is not None:
-        return fn, fn(*inputs)
-    budget(-1.0)
-    t0 = time.perf_counter()
-    fn = torch.compile(graph.gm.forward, backend="inductor", fullgraph=True, dynamic=False)
-    try:
-        out = fn(*inputs)  # compiles, then runs
-    finally:
-        budget(time.perf_counter() - t0)
-    with _COMPILE_LOCK:
-        _COMPILED[key] = fn
-        while len(_COMPILED) > _COMPILED_MAX:
-            _COMPILED.popitem(last=False)
+            found = True
+        else:
+            found = False
+            budget(-1.0)
+            t0 = time.perf_counter()
+            fn = torch.compile(
+                graph.gm.forward,
+                backend="inductor",
+                fullgraph=True,
+                dynamic=False,
+                mode=compile_mode,
+            )
+            try:
+                out = fn(*inputs)  # compiles, then runs
+            finally:
+                budget(time.perf_counter() - t0)
+            _COMPILED[key] = fn
+            while len(_COMPILED) > _COMPILED_MAX:
+                _COMPILED.popitem(last=False)
+    if found:
+        out = fn(*inputs)
     return fn, out
 
 
-def _content_key(graph: StepGraph, inputs: list[Any]) -> str:
-    """What a compiled graph depends on: its code and its inputs' layouts and aliasing."""
+def _content_key(graph: StepGraph, inputs: list[Any], options: str) -> str:
+    """What a compiled graph depends on: its code, its inputs' layouts and aliasing, how it
+    is compiled."""
     h = hashlib.sha256(graph.gm.code.encode())
+    h.update(options.encode())
     groups: dict[int, int] = {}
     for t in inputs[2:]:
         ptr = t.untyped_storage().data_ptr()
         group = groups.setdefault(ptr, len(groups))
         h.update(repr((group, tuple(t.shape), t.stride(), t.storage_offset(), t.dtype)).encode())
     return h.hexdigest()
+
+
+def _whole(d: TensorDesc) -> tuple[Any, ...]:
+    """The key, among a buffer's views, of tensor ``d`` laid out from the buffer's byte 0
+    (a graph's result is kept under it: a later graph's input of that layout is it)."""
+    return ("whole", d.sizes, d.strides, d.dtype)
 
 
 def _bound(d: TensorDesc, binds: Binds) -> TensorDesc:

@@ -38,7 +38,7 @@ from ..core.driver import SyncDriver
 from ..core.recording import Recording
 from ..errors import ConnectionClosed
 from ..wire.calls import CALLS_BY_NAME
-from ._tensors import DEVICE, handle_of, is_remote, new_storage, tensor_on
+from ._tensors import DEVICE, SHIFT, handle_of, is_remote, new_storage, tensor_on
 
 __all__ = ["MODES", "backend", "counts"]
 
@@ -93,22 +93,24 @@ class _Graph:
         # boxed (one list of the arguments, which the caller may clear), or not (where a
         # wrapper hides ``_boxed_call``): a graph's arguments are never lists themselves
         args = list(given[0]) if len(given) == 1 and type(given[0]) is list else list(given)
-        remote = [(i, a) for i, a in enumerate(args) if is_remote(a)]
-        if not remote:
+        first = next((a for a in args if is_remote(a)), None)
+        if first is None:
             return self._gm(*args)
-        d = self._resolve(remote[0][1].device.index or 0)
-        key, slots = _signature(d, args)
+        d = self._resolve(first.device.index or 0)
+        key, slots, buffers = _signature(d, args)
         recorded = self._recorded.get(key, _MISSING) if key is not None else None
         if recorded is _MISSING:
-            return self._record(d, key, args, slots)
+            return self._record(d, key, args, slots, buffers)
         if recorded is None:
             counts(d)["graphs_eager"] += 1
             return self._gm(*args)
         assert isinstance(recorded, _Recorded)
-        return self._replay(recorded, args, slots)
+        return self._replay(recorded, args, slots, buffers)
 
     # -- recording -------------------------------------------------------------------------
-    def _record(self, d: SyncDriver, key: Any, args: list[Any], slots: list[int]) -> Any:
+    def _record(
+        self, d: SyncDriver, key: Any, args: list[Any], slots: list[int], buffers: list[Any]
+    ) -> Any:
         c = counts(d)
         c["graphs_eager"] += 1
         if d.recording is not None:  # another thread records on this session: eagerly now
@@ -122,7 +124,7 @@ class _Graph:
                 d.recording = None
             recorded = None
             if not rec.abandoned and rec.commands:
-                recorded = self._keep(d, rec, args, slots, out)
+                recorded = self._keep(d, rec, args, slots, buffers, out)
         if len(self._recorded) >= MAX_SIGNATURES:
             _free(self._recorded.pop(next(iter(self._recorded))))
         self._recorded[key] = recorded
@@ -131,10 +133,17 @@ class _Graph:
         return out
 
     def _keep(
-        self, d: SyncDriver, rec: Recording, args: list[Any], slots: list[int], out: Any
+        self,
+        d: SyncDriver,
+        rec: Recording,
+        args: list[Any],
+        slots: list[int],
+        slot_buffers: list[Any],
+        out: Any,
     ) -> _Recorded | None:
         """Send the recording of a run that returned ``out``; None where it cannot be
-        replayed (it returns a host tensor it made)."""
+        replayed (it returns a host tensor it made). ``slot_buffers``: the arguments'
+        buffers (``_signature``)."""
         storages = {handle_of(args[i]): i for i in slots}
         outputs: list[tuple[Any, ...]] = []
         buffers: list[int] = []
@@ -163,16 +172,18 @@ class _Graph:
             else:  # the session's own tensor (a constant of the graph)
                 outputs.append(("k", o))
         handle = d.session.new_handle()
-        program = rec.program([_slot(args[i]) for i in slots], results)
+        program = rec.program(slot_buffers, results)
         d.post(_RECORD, 0, [handle, program])
         return _Recorded(handle, d, buffers, outputs)
 
     # -- replaying -------------------------------------------------------------------------
-    def _replay(self, recorded: _Recorded, args: list[Any], slots: list[int]) -> Any:
+    def _replay(
+        self, recorded: _Recorded, args: list[Any], slots: list[int], slot_buffers: list[Any]
+    ) -> Any:
         d = recorded.driver
         new_handle = d.session.new_handle
         results = [new_handle() for _ in recorded.buffers]
-        d.post(_REPLAY, 0, [recorded.handle, [_slot(args[i]) for i in slots], results])
+        d.post(_REPLAY, 0, [recorded.handle, slot_buffers, results])
         counts(d)["graph_replays"] += 1
         index = args[slots[0]].device.index or 0
         storages = [
@@ -198,41 +209,33 @@ class _Graph:
 _MISSING: Any = object()
 
 
-def _slot(t: torch.Tensor) -> list[Any]:
-    """The whole buffer of remote tensor ``t``, as a step's argument (a flat byte array)."""
-    return [handle_of(t), 0, [t.untyped_storage().nbytes()], "uint8"]
-
-
-def _signature(d: SyncDriver, args: Sequence[Any]) -> tuple[Any, list[int]]:
-    """The key of a call's recording (None: it cannot be recorded) and the positions of the
-    arguments whose buffers a replay passes (one per buffer, in order)."""
+def _signature(d: SyncDriver, args: Sequence[Any]) -> tuple[Any, list[int], list[Any]]:
+    """The key of a call's recording (None: it cannot be recorded), the positions of the
+    arguments whose buffers a replay passes (one per buffer, in order), and those buffers,
+    each whole as a step's argument (a flat byte array), in one pass over the arguments."""
     parts: list[Any] = [id(d)]
     seen: dict[int, int] = {}
     slots: list[int] = []
+    buffers: list[Any] = []
+    tensor = torch.Tensor
     for i, a in enumerate(args):
-        if isinstance(a, torch.Tensor):
-            if not is_remote(a):
-                return None, slots  # host data: the recording would refuse it
-            h = handle_of(a)
+        if isinstance(a, tensor):
+            if a.device.type != DEVICE:
+                return None, slots, buffers  # host data: the recording would refuse it
+            storage = a.untyped_storage()
+            h = int(storage.data_ptr()) >> SHIFT
+            nbytes = storage.nbytes()
             first = seen.get(h)
             if first is None:
                 seen[h] = i
                 slots.append(i)
-            parts.append(
-                (
-                    tuple(a.shape),
-                    a.stride(),
-                    a.storage_offset(),
-                    a.dtype,
-                    a.untyped_storage().nbytes(),
-                    first,
-                )
-            )
+                buffers.append([h, 0, [nbytes], "uint8"])
+            parts.append((tuple(a.shape), a.stride(), a.storage_offset(), a.dtype, nbytes, first))
         elif isinstance(a, (int, float, bool, type(None), torch.SymInt)):
             parts.append((type(a), a if not isinstance(a, torch.SymInt) else int(a)))
         else:
-            return None, slots
-    return tuple(parts), slots
+            return None, slots, buffers
+    return tuple(parts), slots, buffers
 
 
 def _free(recorded: _Recorded | None) -> None:
