@@ -229,23 +229,8 @@ def _measure(
             runs: dict[str, tuple[Any, str, Any, Any]] = {
                 dev: (m, dev, opts[dev], _updater(m, opts[dev])) for dev, m in models.items()
             }
-            if compile:  # the remote weights, the model and the update compiled (the
-                # optimizer's steps on the device: capturable, so that a graph holds them);
-                # beside them, the local model and update compiled by inductor
-                torch._dynamo.reset()
-                m = models["gpuremote"]
-                opt = torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.01, capturable=True)
-                update = torch.compile(_updater(m, opt), backend="gpuremote")
-                runs["compiled"] = (torch.compile(m, backend="gpuremote"), "gpuremote", opt, update)
-                mc = models["cpu"]
-                opt_c = torch.optim.AdamW(mc.parameters(), lr=1e-4, weight_decay=0.01)
-                update_c = torch.compile(_updater(mc, opt_c), backend="inductor")
-                runs["cpu_compiled"] = (
-                    torch.compile(mc, backend="inductor"),
-                    "cpu",
-                    opt_c,
-                    update_c,
-                )
+            if compile:
+                runs.update(_compiled_runs(models))
             for side_name, run in runs.items():  # warm-up: the metadata cache, the allocator,
                 # lazy imports; a compiled side's recordings, the proxy's tracing and compiling
                 for _ in range(3 if side_name in ("compiled", "cpu_compiled") else 1):
@@ -272,6 +257,25 @@ def _measure(
             rows.extend(done)
             del models, opts, data, runs
     return {**base, "workloads": rows}
+
+
+def _compiled_runs(models: dict[str, Any]) -> dict[str, tuple[Any, str, Any, Any]]:
+    """The compiled sides: the remote weights' model and update under
+    ``torch.compile(backend="gpuremote")`` (the optimizer's steps on the device:
+    ``capturable``, so that a graph holds them), the local ones under inductor."""
+    import torch
+
+    torch._dynamo.reset()
+    m = models["gpuremote"]
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.01, capturable=True)
+    update = torch.compile(_updater(m, opt), backend="gpuremote")
+    mc = models["cpu"]
+    opt_c = torch.optim.AdamW(mc.parameters(), lr=1e-4, weight_decay=0.01)
+    update_c = torch.compile(_updater(mc, opt_c), backend="inductor")
+    return {
+        "compiled": (torch.compile(m, backend="gpuremote"), "gpuremote", opt, update),
+        "cpu_compiled": (torch.compile(mc, backend="inductor"), "cpu", opt_c, update_c),
+    }
 
 
 def _add(

@@ -150,121 +150,30 @@ class StepGraph:
         """Run the step's calls once (this replay), checked as the op-by-op path checks
         them, and build the graph of what they did; returns the results' tensors."""
         import torch
-        import torch.fx as fx
 
-        g = fx.Graph()
-        rng_node = g.placeholder("rng")
-        lender_node = g.placeholder("lender")
-        #: a buffer the step made: recorded handle -> (its node, its tensor, its descriptor)
-        made: dict[int, tuple[Any, Any, TensorDesc]] = {}
-        seen: dict[Any, tuple[Any, Any]] = {}  # a view already taken: key -> (node, tensor)
-        slot_of = {d.handle: k for k, d in enumerate(self.step.slots)}
-        rng_used = False
-        node_call: dict[str, int] = {}
-
-        def operand(d: TensorDesc) -> tuple[Any, Any]:
-            base = made.get(d.handle)
-            if base is None:  # a buffer the step did not make: an input of the graph
-                key: Any = ("in", d)
-                if key not in seen:
-                    t = a.tensor(_bound(d, binds))
-                    node = g.placeholder(f"in{len(self.inputs)}")
-                    slot = slot_of.get(d.handle, -1)
-                    reach = d.extent - d.offset if d.extent else 0
-                    self.inputs.append((slot, d))
-                    whole = _whole(d) if not d.offset else None
-                    self._inputs.append((slot, d, next(_INPUT_KEYS), reach, whole))
-                    seen[key] = (node, t)
-                return seen[key]
-            node, t, out = base
-            if d.sizes == out.sizes and d.strides == out.strides and not d.offset:
-                return node, t
-            key = ("view", d)
-            if key not in seen:
-                offset = d.offset // TENSOR_DTYPES[d.dtype]
-                view = g.call_function(
-                    torch.ops.aten.as_strided.default, (node, d.sizes, d.strides, offset)
-                )
-                seen[key] = (view, t.as_strided(d.sizes, d.strides, offset))
-            return seen[key]
-
+        tracer = _Tracer(self, a, binds)
         for i, call in enumerate(self.step.calls):
-            if call.spec.name == "alloc":  # a zeroed buffer, as the op-by-op path's
-                d = self.allocs[call.args[0]]
-                dtype = a.dtypes[d.dtype]
-                kwargs = {"dtype": dtype, "device": a.device}
-                zeros = torch.ops.aten.zeros.default
-                node = g.call_function(zeros, (list(d.sizes),), kwargs)
-                made[d.handle] = (node, zeros(list(d.sizes), **kwargs), d)
-                self.made_bytes += call.args[1]
-                continue
-            name, tensors, encoded, outputs = call.args
-            allowed = resolve_op(name)
-            pairs = [operand(d) for d in tensors]
-            nodes = [p[0] for p in pairs]
-            values = [p[1] for p in pairs]
-            args_n = [_symbolic(a, v, nodes) for v in encoded[0]]
-            kwargs_n = {k: _symbolic(a, v, nodes) for k, v in encoded[1].items()}
-            args_v = [a.decode(v, values) for v in encoded[0]]
-            kwargs_v = {k: a.decode(v, values) for k, v in encoded[1].items()}
-            for j, arg in enumerate(allowed.op._schema.arguments):
-                if str(arg.type) == "Optional[Generator]":  # the session's, always
-                    rng_used = True
-                    if j < len(args_v):
-                        args_v[j], args_n[j] = a.rng.generator, rng_node
-                    else:
-                        kwargs_v[arg.name], kwargs_n[arg.name] = a.rng.generator, rng_node
-            lent = allowed.random_without_generator
-            rng_used = rng_used or lent
-            try:
-                if lent:
-                    result = a.rng.lent(allowed.op, args_v, kwargs_v)
-                else:
-                    result = allowed.op(*args_v, **kwargs_v)
-            except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError) as exc:
-                raise GraphCallError(i, name, f"{type(exc).__name__}: {_first_line(exc)}") from None
-            if lent:
-                node = g.call_function(
-                    _with_session_rng, (lender_node, allowed.op, *args_n), kwargs_n
-                )
+            if call.spec.name == "alloc":
+                tracer.alloc(self.allocs[call.args[0]])
             else:
-                node = g.call_function(allowed.op, tuple(args_n), kwargs_n)
-            node_call[node.name] = i
-            memory = {v.untyped_storage().data_ptr() for v in values if isinstance(v, torch.Tensor)}
-            outs = _made(allowed, result, node)
-            if len(outs) != len(outputs):
-                raise GraphCallError(
-                    i, name, f"{name} made {len(outs)} tensors; the client expected {len(outputs)}"
-                )
-            for (r, r_node), d in zip(outs, outputs, strict=True):
-                if tuple(r.shape) != d.sizes or a.dtypes[d.dtype] != r.dtype:
-                    raise GraphCallError(
-                        i,
-                        name,
-                        f"{name} made a tensor of {r.dtype} {list(r.shape)}; the client "
-                        f"expected {d.dtype} {list(d.sizes)} (its meta kernel disagrees with "
-                        f"this device's)",
-                    )
-                if not _laid_out(r, d, memory, a.device):
-                    n = d.extent // TENSOR_DTYPES[d.dtype]
-                    r_node = g.call_function(_materialized, (r_node, d.sizes, d.strides, n))
-                    r = _materialized(r, d.sizes, d.strides, n)
-                made[d.handle] = (r_node, r, d)
-                self.made_bytes += d.extent
-            self.ops += 1
+                tracer.aten(i, call.args)
+                self.ops += 1
+        made = tracer.made
         results = [made[h] for h in self.step.results]
         self.results = [r[2] for r in results]
         self.extents = [d.extent for d in self.results]
         self.wholes = [_whole(d) for d in self.results]
+        self.made_bytes = sum(m[2].extent for m in made.values())
+        g = tracer.g
         g.output(tuple(r[0] for r in results))  # (no dead code removed: a random op's
         # unused result still draws from the generator, as the op-by-op path's does)
-        self.gm = fx.GraphModule(torch.nn.Module(), g)
+        self.gm = torch.fx.GraphModule(torch.nn.Module(), g)
         self.forward = self.gm.forward
-        self.uses_rng = rng_used
+        self.uses_rng = tracer.rng_used
         for lineno, line in enumerate(self.gm.code.splitlines(), start=1):
             target = line.strip().split(" = ", 1)[0]
-            if target in node_call:
-                self._line_call[lineno] = node_call[target]
+            if target in tracer.node_call:
+                self._line_call[lineno] = tracer.node_call[target]
         return [r[1] for r in results]
 
     # -- replaying ---------------------------------------------------------------------------
@@ -325,6 +234,135 @@ class StepGraph:
                 found = self._line_call.get(tb.tb_lineno, found)
             tb = tb.tb_next
         return found
+
+
+class _Tracer:
+    """Builds a ``StepGraph``'s FX graph while running its step's calls once (its first
+    replay): each call run as the op-by-op path runs it, and added to the graph."""
+
+    def __init__(self, graph: StepGraph, a: AtenSession, binds: Binds) -> None:
+        import torch.fx as fx
+
+        self.graph, self.a, self.binds = graph, a, binds
+        self.g = fx.Graph()
+        self.rng_node = self.g.placeholder("rng")
+        self.lender_node = self.g.placeholder("lender")
+        #: a buffer the step made: recorded handle -> (its node, its tensor, its descriptor)
+        self.made: dict[int, tuple[Any, Any, TensorDesc]] = {}
+        self.seen: dict[Any, tuple[Any, Any]] = {}  # a view taken: key -> (node, tensor)
+        self.slot_of = {d.handle: k for k, d in enumerate(graph.step.slots)}
+        self.rng_used = False
+        self.node_call: dict[str, int] = {}  # an op's node -> the step's call it is
+
+    def alloc(self, d: TensorDesc) -> None:
+        """An allocation of the step: a zeroed tensor, as the op-by-op path's buffer."""
+        import torch
+
+        kwargs = {"dtype": self.a.dtypes[d.dtype], "device": self.a.device}
+        zeros = torch.ops.aten.zeros.default
+        node = self.g.call_function(zeros, (list(d.sizes),), kwargs)
+        self.made[d.handle] = (node, zeros(list(d.sizes), **kwargs), d)
+
+    def operand(self, d: TensorDesc) -> tuple[Any, Any]:
+        """The node and the tensor of operand ``d``: an input of the graph (a buffer the
+        step did not make), a tensor the step made, or a view of one."""
+        import torch
+
+        graph, seen = self.graph, self.seen
+        base = self.made.get(d.handle)
+        if base is None:  # a buffer the step did not make: an input of the graph
+            key: Any = ("in", d)
+            if key not in seen:
+                t = self.a.tensor(_bound(d, self.binds))
+                node = self.g.placeholder(f"in{len(graph.inputs)}")
+                slot = self.slot_of.get(d.handle, -1)
+                reach = d.extent - d.offset if d.extent else 0
+                graph.inputs.append((slot, d))
+                whole = _whole(d) if not d.offset else None
+                graph._inputs.append((slot, d, next(_INPUT_KEYS), reach, whole))
+                seen[key] = (node, t)
+            return seen[key]
+        node, t, out = base
+        if d.sizes == out.sizes and d.strides == out.strides and not d.offset:
+            return node, t
+        key = ("view", d)
+        if key not in seen:
+            offset = d.offset // TENSOR_DTYPES[d.dtype]
+            view = self.g.call_function(
+                torch.ops.aten.as_strided.default, (node, d.sizes, d.strides, offset)
+            )
+            seen[key] = (view, t.as_strided(d.sizes, d.strides, offset))
+        return seen[key]
+
+    def aten(self, i: int, call_args: tuple[Any, ...]) -> None:
+        """Call ``i`` of the step, an ATen op: run, checked, and added to the graph."""
+        a = self.a
+        name, tensors, encoded, outputs = call_args
+        allowed = resolve_op(name)
+        pairs = [self.operand(d) for d in tensors]
+        nodes = [p[0] for p in pairs]
+        values = [p[1] for p in pairs]
+        args_n = [_symbolic(a, v, nodes) for v in encoded[0]]
+        kwargs_n = {k: _symbolic(a, v, nodes) for k, v in encoded[1].items()}
+        args_v = [a.decode(v, values) for v in encoded[0]]
+        kwargs_v = {k: a.decode(v, values) for k, v in encoded[1].items()}
+        for j, arg in enumerate(allowed.op._schema.arguments):
+            if str(arg.type) == "Optional[Generator]":  # the session's, always
+                self.rng_used = True
+                if j < len(args_v):
+                    args_v[j], args_n[j] = a.rng.generator, self.rng_node
+                else:
+                    kwargs_v[arg.name], kwargs_n[arg.name] = a.rng.generator, self.rng_node
+        lent = allowed.random_without_generator
+        self.rng_used = self.rng_used or lent
+        try:
+            if lent:
+                result = a.rng.lent(allowed.op, args_v, kwargs_v)
+            else:
+                result = allowed.op(*args_v, **kwargs_v)
+        except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError) as exc:
+            raise GraphCallError(i, name, f"{type(exc).__name__}: {_first_line(exc)}") from None
+        if lent:
+            node = self.g.call_function(
+                _with_session_rng, (self.lender_node, allowed.op, *args_n), kwargs_n
+            )
+        else:
+            node = self.g.call_function(allowed.op, tuple(args_n), kwargs_n)
+        self.node_call[node.name] = i
+        self._keep(i, name, _made(allowed, result, node), outputs, values)
+
+    def _keep(
+        self,
+        i: int,
+        name: str,
+        outs: list[tuple[Any, Any]],
+        outputs: tuple[TensorDesc, ...],
+        operands: list[Any],
+    ) -> None:
+        """What call ``i`` made (``outs``: tensor, node), checked against the client's
+        ``outputs`` and laid out as they say (copied into that layout where the kernel chose
+        another)."""
+        import torch
+
+        a = self.a
+        if len(outs) != len(outputs):
+            raise GraphCallError(
+                i, name, f"{name} made {len(outs)} tensors; the client expected {len(outputs)}"
+            )
+        memory = {v.untyped_storage().data_ptr() for v in operands if isinstance(v, torch.Tensor)}
+        for (r, r_node), d in zip(outs, outputs, strict=True):
+            if tuple(r.shape) != d.sizes or a.dtypes[d.dtype] != r.dtype:
+                raise GraphCallError(
+                    i,
+                    name,
+                    f"{name} made a tensor of {r.dtype} {list(r.shape)}; the client expected "
+                    f"{d.dtype} {list(d.sizes)} (its meta kernel disagrees with this device's)",
+                )
+            if not _laid_out(r, d, memory, a.device):
+                n = d.extent // TENSOR_DTYPES[d.dtype]
+                r_node = self.g.call_function(_materialized, (r_node, d.sizes, d.strides, n))
+                r = _materialized(r, d.sizes, d.strides, n)
+            self.made[d.handle] = (r_node, r, d)
 
 
 class GraphCallError(Exception):
