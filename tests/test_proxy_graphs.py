@@ -300,3 +300,39 @@ def test_inductor_graphs_train_within_1e_5_and_are_shared_by_sessions(
     assert second["compile_s"] == 0, second
     assert _max_diff(expected, got) <= 1e-5
     assert _equal(got, again)
+
+
+@pytest.mark.slow
+def test_the_ops_bench_compares_compiled_graphs_with_local_inductor() -> None:
+    """``bench ops --workload gpt2 --compile``: the compiled row beside local
+    ``torch.compile`` (inductor), the proxy's graphs counted, no graph run op by op."""
+    import asyncio
+
+    from gpuremote.bench.torch_ops import run_torch_ops
+
+    torch._dynamo.reset()
+    try:
+        result = asyncio.run(
+            run_torch_ops(
+                ["gpt2"],
+                size="small",
+                steps=1,
+                rounds=1,
+                url=None,
+                transport="tcp",
+                backend="numpy",
+                compile=True,
+                graphs="fx",
+            )
+        )
+    finally:
+        torch._dynamo.reset()
+    assert result["graphs"] == "fx"
+    eager, compiled = result["workloads"]
+    assert (eager["mode"], compiled["mode"]) == ("eager", "compiled")
+    assert compiled["local_compiled_step_ms"] > 0
+    assert compiled["remote_over_local_compiled"] > 0
+    assert compiled["remote_compiled_over_eager"] > 0
+    assert compiled["graph_replays_per_step"] == 4 and compiled["eager_graphs_per_step"] == 0
+    assert compiled["proxy_graph_ops_per_step"] > 50
+    assert compiled["proxy_graph_run_ms"] > 0 and compiled["proxy_cpu_per_graph_op_us"] > 0
