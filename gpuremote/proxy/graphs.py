@@ -58,6 +58,8 @@ _COMPILED: OrderedDict[str, Any] = OrderedDict()
 _COMPILED_MAX = 64
 _COMPILE_LOCK = threading.Lock()
 _COMPILING = ("inductor", "cudagraphs")
+#: views kept per buffer, at most (they are remade when needed)
+_MAX_VIEWS = 1024
 #: the graphs' inputs' keys among their buffers' views: never one reused
 _INPUT_KEYS = itertools.count()
 
@@ -198,7 +200,10 @@ class StepGraph:
                     )
                 end = offset + reach if reach else 0
                 t = strided(handle, offset, d.sizes, d.strides, d.dtype, end)
-                views.setdefault(handle, {})[key] = t
+                kept = views.setdefault(handle, {})
+                if len(kept) >= _MAX_VIEWS:  # (graphs recorded again and again: start over)
+                    kept.clear()
+                kept[key] = t
             out.append(t)
         return out
 
