@@ -153,15 +153,21 @@ OP_CASES: dict[str, Callable[[Any, Any], Any]] = {
 
 
 def _op_cases(
-    conn: Any, rounds: int, report: Callable[[dict[str, Any]], None], base: dict[str, Any]
+    conn: Any,
+    rounds: int,
+    report: Callable[[dict[str, Any]], None],
+    base: dict[str, Any],
+    in_process: bool,
 ) -> list[dict[str, Any]]:
     """Client CPU per op for ``OP_CASES`` on 16-float tensors (medians of ``rounds`` rounds
-    of 2,000), remote beside local (the same op on the CPU)."""
+    of 2,000), remote beside local (the same op on the CPU); and the proxy's process CPU
+    per op (None for a proxy in this process), beside the local op's."""
     import torch
 
     rows = []
     for code, op in OP_CASES.items():
-        per_dev = {}
+        per_dev: dict[str, float] = {}
+        proxy: list[float] = []
         for dev in ("cpu", "gpuremote"):
             a, w = torch.ones(16, device=dev), torch.ones(4, 4, device=dev)
 
@@ -172,18 +178,27 @@ def _op_cases(
                 fn()
             samples = []
             for _ in range(rounds):
+                remote = dev == "gpuremote"
+                p0 = _proxy_cpu(_proxy_stats(conn), in_process) if remote else None
                 c0 = time.process_time()
                 for _ in range(2000):
                     fn()
                 samples.append((time.process_time() - c0) / 2000)
-                if dev == "gpuremote":
+                if remote:
                     conn.synchronize()
+                    p1 = _proxy_cpu(_proxy_stats(conn), in_process)
+                    if p0 is not None and p1 is not None:
+                        proxy.append((p1 - p0) / 2000)
             per_dev[dev] = float(np.median(samples))
+        proxy_us = 1e6 * float(np.median(proxy)) if proxy else None
         rows.append(
             {
                 "op": code,
                 "local_cpu_us": 1e6 * per_dev["cpu"],
                 "client_cpu_us": 1e6 * per_dev["gpuremote"],
+                # the proxy's whole process (its loop, decoding, the op), where it is one
+                "proxy_cpu_us": proxy_us,
+                "proxy_beyond_op_us": None if proxy_us is None else proxy_us - 1e6 * per_dev["cpu"],
             }
         )
         report({**base, "workloads": [], "ops": rows})
@@ -209,7 +224,7 @@ def _measure(
     rows: list[dict[str, Any]] = []
     in_process = url is None
     with _connected(url, backend) as conn:
-        ops = _op_cases(conn, rounds, report, base) if "ops" in names else None
+        ops = _op_cases(conn, rounds, report, base, in_process) if "ops" in names else None
         if ops is not None:
             base = {**base, "ops": ops}
         for name in names:

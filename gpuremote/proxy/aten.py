@@ -70,7 +70,7 @@ def load_torch() -> Any:
 class AllowedOp:
     """An op of the allow-list, with what running it needs from its schema."""
 
-    __slots__ = ("n_returns", "op", "random_without_generator", "returns", "writes")
+    __slots__ = ("generators", "n_returns", "op", "random_without_generator", "returns", "writes")
 
     def __init__(self, op: Any, torch: Any) -> None:
         schema = op._schema
@@ -86,9 +86,14 @@ class AllowedOp:
             for i, a in enumerate(schema.arguments)
             if a.alias_info is not None and a.alias_info.is_write
         ]
+        #: positions and names of its generator arguments (the session's is passed there)
+        self.generators = [
+            (i, a.name)
+            for i, a in enumerate(schema.arguments)
+            if str(a.type) == "Optional[Generator]"
+        ]
         seeded = torch.Tag.nondeterministic_seeded in op.tags
-        has_generator = any(str(a.type) == "Optional[Generator]" for a in schema.arguments)
-        self.random_without_generator = seeded and not has_generator
+        self.random_without_generator = seeded and not self.generators
 
 
 @functools.lru_cache(maxsize=4096)
@@ -354,14 +359,12 @@ class AtenSession:
         args = [self.decode(a, tensors) for a in encoded[0]]
         kwargs = {k: self.decode(v, tensors) for k, v in encoded[1].items()}
         op = allowed.op
-        schema = op._schema
-        for i, a in enumerate(schema.arguments):
-            if str(a.type) == "Optional[Generator]":  # the session's, always
-                generator = None if self.shapes_only else self.rng.generator
-                if i < len(args):
-                    args[i] = generator
-                else:
-                    kwargs[a.name] = generator
+        for i, arg_name in allowed.generators:  # the session's generator, always
+            generator = None if self.shapes_only else self.rng.generator
+            if i < len(args):
+                args[i] = generator
+            else:
+                kwargs[arg_name] = generator
         try:
             if self.shapes_only:
                 result = self._on_shapes(name, op, args, kwargs)
@@ -497,19 +500,21 @@ class AtenSession:
             raise CallFailed(f"{name} made {len(made)} tensors; the client expected {len(outputs)}")
         copy: list[tuple[Any, TensorDesc]] = []
         for r, d in zip(made, outputs, strict=True):
+            extent = d.extent
+            storage = r.untyped_storage()
             if (
-                r.untyped_storage().data_ptr() not in self.operand_memory
+                storage.data_ptr() not in self.operand_memory
                 and d.offset == 0
                 and tuple(r.shape) == d.sizes
                 and tuple(r.stride()) == d.strides
                 and r.storage_offset() == 0
-                and r.untyped_storage().nbytes() == d.extent
+                and storage.nbytes() == extent
                 and self.dtypes[d.dtype] == r.dtype
                 and r.device == self.device
                 and r._base is None
-                and r.numel() * r.element_size() == d.extent  # dense: no byte unwritten
+                and r.numel() * r.element_size() == extent  # dense: no byte unwritten
             ):
-                s.adopt(d.handle, self.runtime.adopt(r), d.extent)
+                s.adopt(d.handle, self.runtime.adopt(r), extent)
             else:
                 s.alloc(d.handle, d.extent)
                 copy.append((r, d))

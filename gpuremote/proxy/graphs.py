@@ -311,13 +311,12 @@ class _Tracer:
         kwargs_n = {k: _symbolic(a, v, nodes) for k, v in encoded[1].items()}
         args_v = [a.decode(v, values) for v in encoded[0]]
         kwargs_v = {k: a.decode(v, values) for k, v in encoded[1].items()}
-        for j, arg in enumerate(allowed.op._schema.arguments):
-            if str(arg.type) == "Optional[Generator]":  # the session's, always
-                self.rng_used = True
-                if j < len(args_v):
-                    args_v[j], args_n[j] = a.rng.generator, self.rng_node
-                else:
-                    kwargs_v[arg.name], kwargs_n[arg.name] = a.rng.generator, self.rng_node
+        for j, arg_name in allowed.generators:  # the session's generator, always
+            self.rng_used = True
+            if j < len(args_v):
+                args_v[j], args_n[j] = a.rng.generator, self.rng_node
+            else:
+                kwargs_v[arg_name], kwargs_n[arg_name] = a.rng.generator, self.rng_node
         lent = allowed.random_without_generator
         self.rng_used = self.rng_used or lent
         try:
