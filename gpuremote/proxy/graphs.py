@@ -74,12 +74,11 @@ class StepGraph:
 
     def __init__(self, step: RecordedStep) -> None:
         self.step = step
-        #: per input: (slot index or -1, the recorded descriptor)
-        self.inputs: list[tuple[int, TensorDesc]] = []
-        #: per input: (slot, descriptor, the key of its views among its buffer's in
-        #: ``SessionState.views``, the bytes it reaches from its offset, the key under which
-        #: a graph's result is kept as the whole of its buffer, where the input is that)
-        self._inputs: list[tuple[int, TensorDesc, int, int, Any]] = []
+        #: per input: (its slot, or -1 for a buffer of the session's; its recorded
+        #: descriptor; the key of its views among its buffer's in ``SessionState.views``;
+        #: the bytes it reaches from its offset; the key under which a graph's result is
+        #: kept as the whole of its buffer, where the input is that)
+        self.inputs: list[tuple[int, TensorDesc, int, int, Any]] = []
         self.gm: Any = None
         self.forward: Callable[..., Any] | None = None
         self.compiled: Any = None
@@ -185,7 +184,7 @@ class StepGraph:
         out: list[Any] = [a.rng.generator, a.rng]
         views = s.views
         strided = a.strided
-        for slot, d, kid, reach, whole in self._inputs:
+        for slot, d, kid, reach, whole in self.inputs:
             handle, shift = binds[d.handle] if slot >= 0 else (d.handle, 0)
             key = (kid, shift)  # (the view: this input's layout, moved by shift)
             kept = views.get(handle)
@@ -282,9 +281,8 @@ class _Tracer:
                 node = self.g.placeholder(f"in{len(graph.inputs)}")
                 slot = self.slot_of.get(d.handle, -1)
                 reach = d.extent - d.offset if d.extent else 0
-                graph.inputs.append((slot, d))
                 whole = _whole(d) if not d.offset else None
-                graph._inputs.append((slot, d, next(_INPUT_KEYS), reach, whole))
+                graph.inputs.append((slot, d, next(_INPUT_KEYS), reach, whole))
                 seen[key] = (node, t)
             return seen[key]
         node, t, out = base
