@@ -93,16 +93,16 @@ def step_replay(
     step.replays += 1
 
 
-_ATEN = {"aten"}
-
-
 def _graph(s: SessionState, step: RecordedStep) -> StepGraph | None:
-    """The graph ``step`` replays as, where it runs as one (``gpuremote.proxy.graphs``)."""
-    if step.graph is False or not _ATEN.intersection(c.spec.name for c in step.calls):
-        return None
-    if isinstance(step.graph, StepGraph):
-        return step.graph
-    return graph_for(s, aten_session(s), step)
+    """The graph ``step`` replays as, where it runs as one (``gpuremote.proxy.graphs``;
+    decided at its first replay: a step of no ATen op never is one)."""
+    graph = step.graph
+    if graph is None:
+        if not any(c.spec.name == "aten" for c in step.calls):
+            step.graph = False
+            return None
+        return graph_for(s, aten_session(s), step)
+    return graph if graph is not False else None
 
 
 def _run_graph(s: SessionState, ctx: BatchContext, graph: StepGraph, binds: Any) -> None:
