@@ -103,33 +103,37 @@ class _Dropped(nn.Module):
         return self.b(self.drop(torch.relu(self.a(x))))
 
 
-def _dropout_steps(graphs: str, backend: str) -> tuple[list[float], Any]:
+def _sgd_steps(
+    make: Any, graphs: str, backend: str, lr: float, batch: int
+) -> tuple[list[float], dict[str, Any], dict[str, Any]]:
+    """5 SGD steps of ``make()`` compiled, its graphs run by ``graphs``: the losses, the
+    final weights and the proxy's graph figures."""
     torch._dynamo.reset()
     with gt.connect_local(backend, session_limits=SessionLimits(graphs=graphs)) as conn:
         torch.manual_seed(0)
-        model = _Dropped().to("gpuremote")
-        run = torch.compile(model, backend="gpuremote")
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        x = torch.randn(32, 8, generator=torch.Generator().manual_seed(1)).to("gpuremote")
+        model = make().to("gpuremote")
+        step = torch.compile(model, backend="gpuremote")
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        x = torch.randn(batch, 8, generator=torch.Generator().manual_seed(1)).to("gpuremote")
         losses = []
         for _ in range(5):
-            loss = run(x).square().mean()
+            loss = step(x).square().mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
             losses.append(loss.item())
-        figures = _graphs(conn)
         weights = {k: v.cpu() for k, v in model.state_dict().items()}
+        figures = _graphs(conn)
     torch._dynamo.reset()
-    return losses, (weights, figures)
+    return losses, weights, figures
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_random_ops_in_a_graph_draw_from_the_session_generator_as_call_by_call(
     backend: str,
 ) -> None:
-    by_call, (w_calls, _) = _dropout_steps("ops", backend)
-    whole, (w_whole, figures) = _dropout_steps("fx", backend)
+    by_call, w_calls, _ = _sgd_steps(_Dropped, "ops", backend, 0.1, 32)
+    whole, w_whole, figures = _sgd_steps(_Dropped, "fx", backend, 0.1, 32)
     assert figures["steps"] >= 1 and figures["replays"] >= 1, figures
     assert _same(by_call, whole, backend) and _same(w_calls, w_whole, backend)
     assert len(set(whole)) == len(whole)  # (each step drew its own mask)
@@ -274,23 +278,10 @@ def test_inductor_graphs_train_within_1e_5_and_are_shared_by_sessions(
     content)."""
 
     def run(graphs: str) -> tuple[Any, dict[str, Any]]:
-        torch._dynamo.reset()
-        with gt.connect_local(backend, session_limits=SessionLimits(graphs=graphs)) as conn:
-            torch.manual_seed(0)
-            model = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 1)).to("gpuremote")
-            step = torch.compile(model, backend="gpuremote")
-            opt = torch.optim.SGD(model.parameters(), lr=0.05)
-            x = torch.randn(64, 8, generator=torch.Generator().manual_seed(1)).to("gpuremote")
-            losses = []
-            for _ in range(5):
-                loss = step(x).square().mean()
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                losses.append(loss.item())
-            weights = {k: v.cpu() for k, v in model.state_dict().items()}
-            figures = _graphs(conn)
-        torch._dynamo.reset()
+        def make() -> Any:
+            return nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 1))
+
+        losses, weights, figures = _sgd_steps(make, graphs, backend, 0.05, 64)
         return (losses, weights), figures
 
     expected, _ = run("ops")
