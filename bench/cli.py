@@ -540,6 +540,20 @@ _PEER_OPTIONS = (
     _option("--rounds", type=int, default=5, help="per path, interleaved"),
     _JSON,
 )
+_ALLREDUCE_OPTIONS = (
+    _option("--url", default=None, help="pool://NAME (default: local proxies, one per rank)"),
+    _option("--backend", default="numpy", help="of the local proxies"),
+    _option("--ranks", default="2,4", help="group sizes"),
+    _option(
+        "--sizes",
+        type=_sizes,
+        default="4k,64k,1m,16m,64m,256m",
+        help="tensor sizes in bytes (4k,1m,64m)",
+    ),
+    _option("--iters", type=int, default=5, help="all-reduces per timing"),
+    _option("--rounds", type=int, default=5, help="timings per size (the median is kept)"),
+    _JSON,
+)
 _FAILOVER_OPTIONS = (
     _option("--address", default=None, help="a Ray cluster (default: a local one)"),
     _option("--steps", type=int, default=400),
@@ -698,6 +712,22 @@ COMMANDS: tuple[BenchCommand, ...] = (
             run=_bench("peer", "run_peer"),
             view=render.status_line("gpuremote bench peer", ("round", "rounds")),
             summary=render.peer_summary,
+        ),
+    ),
+    BenchCommand(
+        "allreduce",
+        "torch.distributed all-reduce between proxies vs bare Gloo",
+        _ALLREDUCE_OPTIONS,
+        BenchRun(
+            config=_config_of(
+                "allreduce",
+                "AllreduceConfig",
+                ranks=lambda args: tuple(int(k) for k in args.ranks.split(",") if k),
+                sizes=lambda args: tuple(args.sizes),
+            ),
+            run=_bench("allreduce", "run_allreduce"),
+            view=render.status_line("gpuremote bench allreduce", ("ranks", "side")),
+            summary=render.allreduce_summary,
         ),
     ),
     BenchCommand(

@@ -417,6 +417,45 @@ def peer_summary(console: Console, result: dict[str, Any]) -> None:
     )
 
 
+def allreduce_summary(console: Console, result: dict[str, Any]) -> None:
+    """``bench allreduce``: the proxies' all-reduce beside bare Gloo's, per group and size."""
+    rows = [
+        (
+            str(r["ranks"]),
+            _size_label(r["bytes"]),
+            f"{r['remote']['median_s'] * 1e3:,.3f}",
+            f"{r['bare']['median_s'] * 1e3:,.3f}",
+            f"{r['remote']['busbw_gb_per_s']:,.3f}",
+            f"{r['bare']['busbw_gb_per_s']:,.3f}",
+            f"{r['remote_over_bare_bandwidth']:.2f}",
+            f"{r['remote']['client_bytes_per_op']:,.0f}",
+        )
+        for r in result["rows"]
+    ]
+    title = (
+        f"gpuremote bench allreduce: {result['iters']} all-reduces per timing, median of "
+        f"{result['rounds']} ({result['proxies']})"
+    )
+    cols = (
+        "ranks",
+        "size",
+        "proxies ms",
+        "bare gloo ms",
+        "proxies busbw GB/s",
+        "bare busbw GB/s",
+        "proxies / bare",
+        "client bytes/op",
+    )
+    console.print(result_table(title, cols, rows))
+
+
+def _size_label(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} B"
+
+
 #: ``bench failover``'s columns of a move: (heading, key) of its times, in ms
 _MOVE_TIMES = (
     ("pause ms", "pause_s"),

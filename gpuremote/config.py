@@ -129,6 +129,13 @@ def resolve_url(url: str | None = None, *, config: dict[str, Any] | None = None)
     return DEFAULT_URL
 
 
+def url_for_rank(url: str, rank: int) -> str:
+    """The URL of ``rank`` (a distributed job's process) where ``url`` lists one proxy per
+    rank, comma-separated: the ``rank``-th, modulo their number; else ``url``."""
+    urls = [u.strip() for u in url.split(",") if u.strip()]
+    return urls[rank % len(urls)] if urls else url
+
+
 def transport_settings(scheme: str, *, config: dict[str, Any] | None = None) -> dict[str, Any]:
     """The config file's defaults for transport ``scheme`` (``[tls]`` for ``tls://``), which
     the client and the proxy pass to the transport."""

@@ -15,7 +15,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -287,3 +287,14 @@ def device_backend() -> DeviceBackend:
     that the backend calls device memory, standing in for CuPy where a test checks what a
     transport that moves device memory itself (ucx://) does with it."""
     return DeviceBackend()
+
+
+@pytest.fixture(scope="session")
+def ray_address() -> Iterator[str]:
+    """One local Ray instance for the whole test session (the pool's tests, DDP on a pool)."""
+    ray = pytest.importorskip("ray", reason="the pool needs Ray: pip install 'gpuremote[ray]'")
+    import gpuremote.pool as gr
+
+    gr.start_local()
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()

@@ -20,14 +20,6 @@ ray = pytest.importorskip("ray", reason="the pool needs Ray: pip install 'gpurem
 gr = pytest.importorskip("gpuremote.pool")
 
 
-@pytest.fixture(scope="session")
-def ray_address() -> Iterator[str]:
-    """One local Ray instance for the whole test session."""
-    gr.start_local()
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
-
-
 @pytest.fixture(scope="module")
 def pool(ray_address: str) -> Iterator[Any]:
     p = gr.start_pool(2, name="test-pool", num_gpus=0, backend="numpy")

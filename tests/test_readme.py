@@ -93,6 +93,15 @@ SKIPPED = {
         "installs packages: scripts/test.sh installs the same way (torch first, then held "
         "by scripts/constraints.txt while transformers and diffusers install)"
     ),
+    "import torch\nimport torch.distributed as dist": (
+        "a rank's script, run by torchrun against a proxy per rank: examples/ddp.py is it "
+        "whole, and tests/test_distributed.py runs it under torchrun (2 proxies; a Ray pool)"
+    ),
+    "$ GPUREMOTE_URL=tcp://gpu-a:5151,tcp://gpu-b:5151 torchrun": (
+        "torchrun against remote proxies; tests/test_distributed.py runs examples/ddp.py the "
+        "same way against local proxies and a local Ray pool"
+    ),
+    " rank 0 (client)": "a picture of the collectives' path, not code",
     'gpu = await gpuremote.connect("pool://team", failover=True)': (
         "a fragment (awaits outside a coroutine) on a Ray pool; tests/test_failover.py runs "
         "failover over pools and over proxies started by hand"

@@ -32,8 +32,10 @@ _PER_COMMAND_NS: Final = 3_000.0
 _WAITS = frozenset(
     {"copy_d2h", "stream_synchronize", "device_synchronize", "launch_dynamic", "kernel_create"}
 )
-#: calls that always run on a worker: they wait for the device, or for another proxy
-_WORKER_ONLY = frozenset({"peer_export", "peer_read", "peer_import"})
+#: calls that always run on a worker: they wait for the device, or for other proxies
+_WORKER_ONLY = frozenset(
+    {"peer_export", "peer_read", "peer_import", "dist_host", "dist_join", "dist_run", "dist_leave"}
+)
 #: ops that cost much more than one pass over their data
 _HEAVY = frozenset({"tensordot", "vecdot", "sort", "argsort", "searchsorted", "isin"})
 

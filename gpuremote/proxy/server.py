@@ -29,6 +29,7 @@ from ..transports import Address, Connection, Listener, listen
 from ..wire.auth import is_loopback
 from ..wire.framing import FrameLimits
 from ..wire.protocol import encode_fatal, encode_notice
+from .collectives import Collectives
 from .deadlines import Deadlines
 from .executor import Executor, SessionLimits
 from .heap import HeapKeeper, release_free_memory
@@ -106,6 +107,8 @@ class Proxy:
         )
         self.info: dict[str, Any] = {}  # extra device info sent to clients at hello
         self.tickets = Tickets()  # arrays exported to other proxies
+        #: the process groups of distributed jobs' sessions (collectives between proxies)
+        self.collectives = Collectives(self._own_hosts, self._peer_hosts)
         #: connections to other proxies, made on the loop; only ``peers`` may be read from
         self.peers: PeerLinks | None = None
         self._peer_urls = list(peers)
@@ -173,6 +176,7 @@ class Proxy:
                 tickets=self.tickets,
                 peers=None if self.peers is None else PeerImports(self.peers),
                 device_io=conn.device_memory,
+                collectives=self.collectives,
             )
 
         def timed_out(session: ProxySession) -> None:
@@ -218,6 +222,22 @@ class Proxy:
                 self.calls_ended += calls["sync"] + calls["async"]
             heap.ended(len(self.clients))
             _log_end(session, reason)
+
+    def _own_hosts(self) -> list[str]:
+        """The hosts this proxy listens on over a network (a job's store here is reached at
+        the first; a proxy served in-process only: the loopback)."""
+        hosts = [
+            a.host for a in map(Address.parse, self.bound) if a.scheme in ("tcp", "tls", "ucx")
+        ]
+        return hosts or ["127.0.0.1"]
+
+    def _peer_hosts(self) -> list[str]:
+        """The hosts of the proxies this one may reach."""
+        hosts = []
+        for u in self._peer_urls:
+            with contextlib.suppress(ConfigError):
+                hosts.append(Address.parse(u).host)
+        return hosts
 
     @property
     def exposed(self) -> list[str]:

@@ -27,6 +27,7 @@ __all__ = [
     "CALL_FAILURES",
     "BatchContext",
     "CallFailed",
+    "CollectiveTable",
     "Handler",
     "PeerReads",
     "ReplayFailed",
@@ -66,6 +67,30 @@ class TicketTable(Protocol):
     def take(self, ticket: str) -> tuple[Any, int]: ...
     def held_bytes(self, session: int | None = None) -> int: ...
     def drop_session(self, session: int) -> None: ...
+
+
+class CollectiveTable(Protocol):
+    """The proxy's process groups (``collectives.Collectives``): the ``dist_*`` calls use
+    them; a session's end drops its groups and the job stores it hosts."""
+
+    def host(self, session: int, size: int, timeout_s: float) -> list[Any]: ...
+    def join(
+        self,
+        session: int,
+        group_id: int,
+        host: str,
+        port: int,
+        key: str,
+        rank: int,
+        size: int,
+        timeout_s: float,
+        device: Any,
+    ) -> Any: ...
+    def group(self, session: int, group_id: int) -> Any: ...
+    def run(self, group: Any, op: str, tensors: Sequence[Any], params: dict[str, Any]) -> None: ...
+    def leave(self, session: int, group_id: int) -> None: ...
+    def drop_session(self, session: int) -> None: ...
+    def stats(self, session: int) -> list[dict[str, Any]]: ...
 
 
 class PeerReads(Protocol):
@@ -137,7 +162,8 @@ class SessionState:
     """The resources of one session (see the module docstring) on ``backend``.
 
     ``admin`` answers ``admin_stats``; ``tickets`` is the proxy's table of exported arrays;
-    ``peers`` this session's reads from other proxies; ``device_io``: the session's
+    ``peers`` this session's reads from other proxies; ``collectives`` the proxy's process
+    groups; ``device_io``: the session's
     connection moves device memory itself (ucx:// to a GPU backend), so large uploads
     arrive in device memory and large downloads leave from it."""
 
@@ -151,12 +177,15 @@ class SessionState:
         tickets: TicketTable | None = None,
         peers: PeerReads | None = None,
         device_io: bool = False,
+        collectives: CollectiveTable | None = None,
     ) -> None:
         self.backend = backend
         self.device_io = device_io and backend.device_allocator() is not None
         self.tickets = tickets
         #: this session's reads from other proxies, fetched before the batch that uses them
         self.peers = peers
+        #: the proxy's process groups, for the collectives between proxies (``dist_*``)
+        self.collectives = collectives
         self.info = info or {}
         self.admin = admin
         self.limits = limits
@@ -319,6 +348,7 @@ class SessionState:
             "kernels": len(self.kernels),
             "steps": len(self.steps),
             "graphs": self._graph_stats(),
+            "groups": [] if self.collectives is None else self.collectives.stats(self.session_id),
             "calls": dict(self.counts),
             "failed": self.failed,
             "bytes_in": self.bytes_in,
@@ -352,6 +382,8 @@ class SessionState:
             self.tickets.drop_session(self.session_id)
         if self.peers is not None:
             self.peers.clear()
+        if self.collectives is not None:
+            self.collectives.drop_session(self.session_id)
         streams = list(self.streams.values())
         for s in streams:
             with contextlib.suppress(Exception):  # nobody to report a device error to now

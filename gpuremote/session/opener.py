@@ -19,7 +19,7 @@ from .connection import open_session, place, place_now, placed
 from .contract import Session
 from .failover import failover_config, open_failover_session
 
-__all__ = ["devices", "devices_now", "group", "open"]
+__all__ = ["devices", "devices_now", "group", "names_group", "open"]
 
 
 async def open(
@@ -42,6 +42,11 @@ async def open(
         )
     (first,), extra = await place(target, 1)
     return await open_session(first, pipeline=pipeline, limits=limits, **{**options, **extra})
+
+
+def names_group(url: str | None) -> bool:
+    """Whether ``url`` (resolved) names a group of proxies (``pool://NAME``)."""
+    return placed(resolve_url(url)) is not None
 
 
 def group(url: str | None, k: int, options: dict[str, Any]) -> str:

@@ -33,12 +33,15 @@ except ImportError as _exc:  # pragma: no cover - the extra is missing
 
 from ..core.driver import SyncDriver
 from ._backend import DEVICE, dispatcher, register
+from .distributed import register_backend as _register_distributed
 
 __all__ = ["DEVICE", "Connection", "connect", "connect_local", "stats"]
 
 # the device exists from the import on: PyTorch's autograd engine sizes its device threads at
 # its first backward pass, which must come after this (import gpuremote.torch early)
 register()
+# and so does the torch.distributed backend: dist.init_process_group("gpuremote")
+_register_distributed()
 
 
 class Connection:

@@ -3,12 +3,14 @@ no C++), once per process."""
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
 import torch
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
+from ..config import resolve_url, url_for_rank
 from ..core.driver import SyncDriver
 from . import _autocast
 from ._dispatch import Dispatcher
@@ -20,8 +22,9 @@ __all__ = ["DEVICE", "dispatcher", "register"]
 
 def _connect_default() -> SyncDriver:
     """The session of a program that used the device without ``connect``: to the
-    configured URL (``GPUREMOTE_URL``, the config file, the default)."""
-    return SyncDriver()
+    configured URL (``GPUREMOTE_URL``, the config file, the default; where it lists one
+    proxy per rank of a distributed job, this process's: ``RANK``)."""
+    return SyncDriver(url_for_rank(resolve_url(), int(os.environ.get("RANK", "0") or 0)))
 
 
 dispatcher = Dispatcher(_connect_default)
@@ -31,6 +34,72 @@ _AUTOCAST_LIBRARIES = (torch.library.Library("aten", "IMPL"), torch.library.Libr
 _lock = threading.Lock()
 
 
+class _Stream:
+    """A stream of the device as code written for ``torch.cuda`` asks for one (FSDP makes
+    several to overlap its copies): the session runs every op in the order it was sent, on
+    one stream, so each of these is that order, and waiting between them is already done."""
+
+    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
+        self.device = torch.device(DEVICE, _index(device))
+        self.priority = priority
+
+    def wait_stream(self, stream: Any) -> None:
+        return None
+
+    def wait_event(self, event: Any) -> None:
+        return None
+
+    def record_event(self, event: Any = None) -> _Event:
+        event = event or _Event()
+        event.record(self)
+        return event
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        _DeviceModule.synchronize(self.device)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Stream)
+
+    def __hash__(self) -> int:
+        return hash(_Stream)
+
+
+class _Event:
+    """An event of the device's one stream (see ``_Stream``)."""
+
+    def __init__(self, enable_timing: bool = False, **kwargs: Any) -> None:
+        self.device: torch.device | None = None
+
+    def record(self, stream: Any = None) -> None:
+        self.device = stream.device if stream is not None else torch.device(DEVICE, 0)
+
+    def wait(self, stream: Any = None) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        if self.device is not None:
+            _DeviceModule.synchronize(self.device)
+
+
+class _StreamContext:
+    """``with torch.gpuremote.stream(s):`` (one stream: nothing changes)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def __enter__(self) -> Any:
+        return self.stream
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
 class _DeviceModule:
     """``torch.gpuremote``: what PyTorch, and training code written for ``torch.cuda``
     (Hugging Face ``Trainer`` and ``accelerate``, ``torch.utils.checkpoint``, AMP), ask of a
@@ -38,6 +107,8 @@ class _DeviceModule:
 
     #: (``torch.utils.checkpoint`` saves a device's random state only once it is)
     _initialized = True
+    Stream = _Stream
+    Event = _Event
 
     @staticmethod
     def is_available() -> bool:
@@ -159,6 +230,22 @@ class _DeviceModule:
         dispatcher.driver(_index(device)).post(CALLS_BY_NAME["aten_rng_set"], 0, [state])
 
     @staticmethod
+    def current_stream(device: Any = None) -> Any:
+        return _Stream(device)
+
+    @staticmethod
+    def default_stream(device: Any = None) -> Any:
+        return _Stream(device)
+
+    @staticmethod
+    def stream(stream: Any) -> Any:
+        return _StreamContext(stream)
+
+    @staticmethod
+    def set_stream(stream: Any) -> None:
+        return None
+
+    @staticmethod
     def synchronize(device: Any = None) -> None:
         from ..wire.calls import CALLS_BY_NAME
 
@@ -227,7 +314,8 @@ def _new_storage(nbytes: int, device: torch.device) -> Any:
 
 def _patch_storage_copies() -> None:
     """Storage copies that would reach the missing allocator (``deepcopy`` of a remote
-    tensor clones its storage; ``storage.to("gpuremote")``) make the storage as a tensor's."""
+    tensor clones its storage; ``storage.to("gpuremote")``) make the storage as a tensor's;
+    a resize that would reach the missing hooks (FSDP's) keeps the storage."""
     base = torch.storage._StorageBase
     clone = base.clone
     to = torch.storage._to
@@ -245,6 +333,22 @@ def _patch_storage_copies() -> None:
 
     type.__setattr__(base, "clone", clone_storage)
     torch.storage._to = to_device
+    resize = torch.UntypedStorage.resize_
+
+    def resize_storage(self: Any, nbytes: int) -> Any:
+        """FSDP frees an unsharded parameter's memory by ``resize_(0)`` and gets it back by
+        ``resize_(n)`` before its all-gather: a remote storage keeps its buffer (a Python
+        backend cannot resize a storage: PyTorch asks the C++ hooks), which is what the
+        next all-gather fills; any other size is refused."""
+        if self.device.type != DEVICE:
+            return resize(self, nbytes)
+        if nbytes in (0, self.nbytes()):
+            return self
+        raise RuntimeError(
+            f"gpuremote: a device storage cannot be resized ({self.nbytes()} to {nbytes} bytes)"
+        )
+
+    type.__setattr__(torch.UntypedStorage, "resize_", resize_storage)
 
 
 def _patch_module_apply() -> None:

@@ -421,6 +421,54 @@ CALLS: tuple[CallSpec, ...] = (
         on_stream=False,
         random=True,
     ),
+    # -- collectives between proxies (``gpuremote.proxy.collectives``) -------------------------
+    CallSpec(
+        "dist_host",
+        80,
+        _S,
+        (Param("size", Arg.SIZE), Param("timeout_ms", Arg.SIZE)),
+        "start the rendezvous store of a distributed job of ``size`` ranks on this proxy; "
+        "returns [host, port, key] (the key names the job: whoever holds it may join)",
+        on_stream=False,
+    ),
+    CallSpec(
+        "dist_join",
+        81,
+        _S,
+        (
+            Param("group", Arg.SIZE),
+            Param("host", Arg.NAME),
+            Param("port", Arg.SIZE),
+            Param("key", Arg.NAME),
+            Param("rank", Arg.SIZE),
+            Param("size", Arg.SIZE),
+            Param("timeout_ms", Arg.SIZE),
+        ),
+        "join this session, as ``rank``, to the process group of the job ``key`` names "
+        "(its store at host:port: this proxy or a peer); the group is the session's ``group``",
+        on_stream=False,
+    ),
+    CallSpec(
+        "dist_run",
+        82,
+        _A,
+        (
+            Param("op", Arg.NAME),
+            Param("group", Arg.SIZE),
+            Param("tensors", Arg.TENSORS, _R | _W),
+            Param("params", Arg.PARAMS),
+        ),
+        "run one collective of the session's group on strided views of its buffers, in order "
+        "on the call's stream (the other ranks' proxies run theirs)",
+    ),
+    CallSpec(
+        "dist_leave",
+        83,
+        _A,
+        (Param("group", Arg.SIZE),),
+        "leave the session's process group ``group`` (it is torn down)",
+        on_stream=False,
+    ),
     # -- between proxies (``gpuremote.proxy.peers``) ------------------------------------------
     CallSpec(
         "peer_export",

@@ -1,7 +1,8 @@
 """What each call does on the proxy: one handler per call of the call table, in one table
 (``HANDLERS``), checked when it is imported: every call that crosses the wire has a handler,
 and there is no handler for anything else; the session's admin calls (``admin``) are apart
-from the device work (``memory``, ``launches``, ``streams``, ``steps``, ``peers``, ``aten``).
+from the device work (``memory``, ``launches``, ``streams``, ``steps``, ``peers``, ``aten``,
+``collectives``).
 
 A handler is called as ``handler(state, ctx, *args)``: the session's ``SessionState``, the
 ``BatchContext`` of the command's batch, and the call's decoded arguments; it returns the
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from ...wire.calls import CALLS, CallClass
 from ..state import Handler
-from . import admin, aten, launches, memory, peers, steps, streams
+from . import admin, aten, collectives, launches, memory, peers, steps, streams
 
 __all__ = ["HANDLERS", "Handler"]
 
@@ -25,6 +26,7 @@ HANDLERS: dict[str, Handler] = {
     **steps.HANDLERS,
     **peers.HANDLERS,
     **aten.HANDLERS,
+    **collectives.HANDLERS,
 }
 
 
@@ -33,7 +35,7 @@ def _check() -> None:
     are the admin module's."""
     wire = {c.name for c in CALLS if c.klass is not CallClass.LOCAL}
     admin_calls = {c.name for c in CALLS if c.admin}
-    modules = (memory, launches, streams, steps, peers, admin, aten)
+    modules = (memory, launches, streams, steps, peers, admin, aten, collectives)
     if sum(len(m.HANDLERS) for m in modules) != len(HANDLERS):
         raise RuntimeError("two handlers for one call")
     if HANDLERS.keys() != wire:

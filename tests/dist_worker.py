@@ -1,0 +1,145 @@
+"""One rank of the torch.distributed tests (``tests/test_distributed.py`` runs it under
+torchrun, one proxy per rank): ``collectives`` checks each collective's result against what
+it must be; ``bytes`` trains DDP steps and prints the bytes its session moved per step beside
+the gradients' bytes; ``kill`` trains until rank 1 kills its own proxy at step 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import gpuremote.torch as gt
+
+DEV = "gpuremote"
+
+
+def collectives(rank: int, world: int) -> None:
+    def t(*values: float) -> torch.Tensor:
+        return torch.tensor(values, device=DEV)
+
+    x = t(rank + 1.0, 10.0 * (rank + 1))
+    dist.all_reduce(x)
+    assert x.tolist() == [3.0, 30.0], x
+    x = t(rank + 1.0)
+    dist.all_reduce(x, op=dist.ReduceOp.AVG)
+    assert x.tolist() == [1.5], x
+    x = t(rank + 1.0)
+    dist.all_reduce(x, op=dist.ReduceOp.MAX)
+    assert x.tolist() == [2.0], x
+    x = t(rank + 2.0)
+    dist.all_reduce(x, op=dist.ReduceOp.PRODUCT)
+    assert x.tolist() == [6.0], x
+    x = t(float(rank), float(rank))
+    dist.broadcast(x, src=1)
+    assert x.tolist() == [1.0, 1.0], x
+    outs = [torch.zeros(2, device=DEV) for _ in range(world)]
+    dist.all_gather(outs, t(float(rank), rank + 0.5))
+    assert [o.tolist() for o in outs] == [[0, 0.5], [1, 1.5]], outs
+    out = torch.zeros(2 * world, device=DEV)
+    dist.all_gather_into_tensor(out, t(float(rank), float(rank)))
+    assert out.tolist() == [0, 0, 1, 1], out
+    out = torch.zeros(2, device=DEV)
+    dist.reduce_scatter_tensor(out, torch.arange(4.0, device=DEV) + rank)
+    assert out.tolist() == [1.0, 3.0] if rank == 0 else [5.0, 7.0], out
+    out = torch.zeros(1, device=DEV)
+    dist.reduce_scatter(out, [t(rank + 1.0), t(10.0 * (rank + 1))])
+    assert out.tolist() == ([3.0] if rank == 0 else [30.0]), out
+    out = torch.zeros(2, device=DEV)
+    dist.all_to_all_single(out, t(10.0 * rank, 10.0 * rank + 1))
+    assert out.tolist() == ([0.0, 10.0] if rank == 0 else [1.0, 11.0]), out
+    x = t(rank + 1.0)
+    dist.reduce(x, dst=0)
+    if rank == 0:
+        assert x.tolist() == [3.0], x
+    host = torch.tensor([rank + 1.0])  # a CPU tensor: to the device and back
+    dist.all_reduce(host)
+    assert host.tolist() == [3.0], host
+    strided = torch.arange(6.0, device=DEV).reshape(2, 3).t()  # not contiguous
+    dist.all_reduce(strided)
+    assert strided.tolist() == [[0.0, 6.0], [2.0, 8.0], [4.0, 10.0]], strided
+    dist.barrier()
+    pair = dist.new_group([0, 1])
+    x = t(rank + 1.0)
+    dist.all_reduce(x, group=pair)
+    assert x.tolist() == [3.0], x
+    print(f"rank {rank} collectives ok", flush=True)
+
+
+def train_bytes(rank: int, steps: int = 4) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)).to(DEV)
+    ddp = DDP(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    x = torch.randn(8, 256, device=DEV)
+    y = torch.randn(8, 10, device=DEV)
+    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+
+    def step() -> float:
+        loss = F.mse_loss(ddp(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    step()  # the first step builds DDP's buckets
+    before = gt.stats()
+    for _ in range(steps):
+        step()
+    after = gt.stats()
+    moved = {k: (after[k] - before[k]) / steps for k in ("bytes_sent", "bytes_received")}
+    print(json.dumps({"rank": rank, "grad_bytes": grad_bytes, **moved}), flush=True)
+
+
+def kill(rank: int, steps: int = 6) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4)).to(DEV)
+    ddp = DDP(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    x = torch.randn(8, 16, device=DEV)
+    y = torch.randn(8, 4, device=DEV)
+    start = time.monotonic()
+    try:
+        for i in range(steps):
+            if rank == 1 and i == 2:
+                os.kill(
+                    int(os.environ["GPUREMOTE_TEST_PROXY_PIDS"].split(",")[rank]), signal.SIGKILL
+                )
+            loss = F.mse_loss(ddp(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            print(f"rank {rank} step {i} loss {loss.item():.4f}", flush=True)
+    except Exception as exc:
+        print(f"rank {rank} error after {time.monotonic() - start:.1f}s: {exc}", flush=True)
+        os._exit(3)
+    print(f"rank {rank} finished without an error", flush=True)
+
+
+def main() -> int:
+    modes = sys.argv[1:]
+    timeout = float(os.environ.get("GPUREMOTE_TEST_DIST_TIMEOUT", "60"))
+    import datetime
+
+    dist.init_process_group("gpuremote", timeout=datetime.timedelta(seconds=timeout))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for mode in modes:
+        {
+            "collectives": lambda: collectives(rank, world),
+            "bytes": lambda: train_bytes(rank),
+            "kill": lambda: kill(rank),
+        }[mode]()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
