@@ -10,6 +10,11 @@ median per all-reduce kept; bandwidths as NCCL's tests report them (algorithm ba
 bytes / time; bus bandwidth = that x 2(k-1)/k), and the bytes the remote ranks' clients sent
 and received per all-reduce (commands, never the tensor).
 
+``--ddp resnet18,gpt2``: then a DDP training step of each workload (``gpuremote.torch.
+models``, ``--ddp-size small|real``) on ``--ddp-ranks`` devices (1, 2, 4), timed step by step
+(each ends reading its loss), with the bytes each rank's client moved per step beside the
+gradients' bytes.
+
 Each rank is ``python -m gpuremote.bench.allreduce rank MODE`` with the usual
 ``torch.distributed`` variables; rank 0 prints its rows as JSON.
 """
@@ -47,6 +52,10 @@ class AllreduceConfig:
     url: str | None = None  # pool://NAME, else local proxies
     backend: str = "numpy"
     timeout_s: float = 600.0
+    ddp: tuple[str, ...] = ()  # workloads whose DDP step is timed
+    ddp_ranks: tuple[int, ...] = (1, 2, 4)
+    ddp_size: str = "small"
+    ddp_steps: int = 5
 
 
 def _free_port() -> int:
@@ -71,8 +80,11 @@ def _proxies(cfg: AllreduceConfig, k: int) -> Iterator[str]:
         yield ",".join(urls)
 
 
-def _run_ranks(cfg: AllreduceConfig, k: int, mode: str, url: str) -> dict[str, Any]:
-    """``k`` rank processes of ``mode`` (remote | bare); rank 0's result."""
+def _run_ranks(
+    cfg: AllreduceConfig, k: int, mode: str, url: str, workload: str = ""
+) -> dict[str, Any]:
+    """``k`` rank processes of ``mode`` (remote | bare | ddp of ``workload``); rank 0's
+    result."""
     env = {
         **os.environ,
         "MASTER_ADDR": "127.0.0.1",
@@ -80,7 +92,14 @@ def _run_ranks(cfg: AllreduceConfig, k: int, mode: str, url: str) -> dict[str, A
         "WORLD_SIZE": str(k),
         "GPUREMOTE_URL": url,
         "GPUREMOTE_BENCH_ALLREDUCE": json.dumps(
-            {"sizes": cfg.sizes, "iters": cfg.iters, "rounds": cfg.rounds}
+            {
+                "sizes": cfg.sizes,
+                "iters": cfg.iters,
+                "rounds": cfg.rounds,
+                "workload": workload,
+                "size": cfg.ddp_size,
+                "steps": cfg.ddp_steps,
+            }
         ),
     }
     cmd = [sys.executable, "-m", "gpuremote.bench.allreduce", "rank", mode]
@@ -129,12 +148,19 @@ def _measure(cfg: AllreduceConfig, report: Callable[[dict[str, Any]], None]) -> 
                 side["busbw_gb_per_s"] = side["algbw_gb_per_s"] * 2 * (k - 1) / k
             row["remote_over_bare_bandwidth"] = b["median_s"] / r["median_s"]
             rows.append(row)
+    ddp = []
+    for name in cfg.ddp:
+        for k in cfg.ddp_ranks:
+            report({"ranks": k, "side": f"ddp {name}"})
+            with _proxies(cfg, k) as url:
+                ddp.append({"workload": name, "ranks": k, **_run_ranks(cfg, k, "ddp", url, name)})
     return {
         "bench": "allreduce",
         "iters": cfg.iters,
         "rounds": cfg.rounds,
         "proxies": cfg.url or f"{cfg.backend} proxies started here",
         "rows": rows,
+        "ddp": ddp,
     }
 
 
@@ -151,7 +177,7 @@ def _rank(mode: str) -> None:
     import torch.distributed as dist
 
     spec = json.loads(os.environ["GPUREMOTE_BENCH_ALLREDUCE"])
-    if mode == "remote":
+    if mode in ("remote", "ddp"):
         import gpuremote.torch as gt
 
         dist.init_process_group("gpuremote")
@@ -175,6 +201,9 @@ def _rank(mode: str) -> None:
         def moved() -> float:
             return 0.0
 
+    if mode == "ddp":
+        _ddp_steps(spec, wait, moved)
+        return
     out: dict[str, Any] = {}
     for size in spec["sizes"]:
         x = torch.ones(max(1, size // 4), dtype=torch.float32, device=device)
@@ -199,6 +228,51 @@ def _rank(mode: str) -> None:
         del x
     if dist.get_rank() == 0:
         print(json.dumps(out), flush=True)
+    dist.destroy_process_group()
+
+
+def _ddp_steps(spec: dict[str, Any], wait: Callable[[], None], moved: Callable[[], float]) -> None:
+    """Time DDP training steps of ``spec``'s workload on this rank's device."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from gpuremote.torch.models import workload
+
+    w = workload(spec["workload"], spec["size"])
+    torch.manual_seed(0)
+    model = w.make().to("gpuremote")
+    ddp = DDP(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1 + dist.get_rank())
+    x, y = w.batch(g)
+    x, y = x.to("gpuremote"), y.to("gpuremote")
+
+    def step() -> None:
+        loss = w.loss(ddp, x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        loss.item()
+
+    step()  # DDP's buckets, the metadata caches
+    times = []
+    before = moved()
+    for _ in range(spec["steps"]):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    per_step = (moved() - before) / spec["steps"]
+    grads = sum(p.numel() * p.element_size() for p in model.parameters())
+    if dist.get_rank() == 0:
+        row = {
+            "median_step_s": statistics.median(times),
+            "min_step_s": min(times),
+            "client_bytes_per_step": per_step,
+            "gradient_bytes": grads,
+            "what": w.describe,
+        }
+        print(json.dumps(row), flush=True)
     dist.destroy_process_group()
 
 

@@ -552,6 +552,10 @@ _ALLREDUCE_OPTIONS = (
     ),
     _option("--iters", type=int, default=5, help="all-reduces per timing"),
     _option("--rounds", type=int, default=5, help="timings per size (the median is kept)"),
+    _option("--ddp", default="", help="workloads whose DDP step is timed too (resnet18,gpt2)"),
+    _option("--ddp-ranks", default="1,2,4", help="devices of the DDP steps"),
+    _option("--ddp-size", default="small", choices=("small", "real")),
+    _option("--ddp-steps", type=int, default=5, help="timed steps per run"),
     _JSON,
 )
 _FAILOVER_OPTIONS = (
@@ -724,6 +728,8 @@ COMMANDS: tuple[BenchCommand, ...] = (
                 "AllreduceConfig",
                 ranks=lambda args: tuple(int(k) for k in args.ranks.split(",") if k),
                 sizes=lambda args: tuple(args.sizes),
+                ddp=lambda args: tuple(n for n in args.ddp.split(",") if n),
+                ddp_ranks=lambda args: tuple(int(k) for k in args.ddp_ranks.split(",") if k),
             ),
             run=_bench("allreduce", "run_allreduce"),
             view=render.status_line("gpuremote bench allreduce", ("ranks", "side")),

@@ -447,6 +447,19 @@ def allreduce_summary(console: Console, result: dict[str, Any]) -> None:
         "client bytes/op",
     )
     console.print(result_table(title, cols, rows))
+    if result.get("ddp"):
+        steps = [
+            (
+                d["workload"],
+                str(d["ranks"]),
+                f"{d['median_step_s'] * 1e3:,.1f}",
+                f"{d['client_bytes_per_step']:,.0f}",
+                f"{d['gradient_bytes']:,}",
+            )
+            for d in result["ddp"]
+        ]
+        heads = ("workload", "ranks", "step ms (median)", "client bytes/step", "gradient bytes")
+        console.print(result_table("DDP training steps (each rank's client)", heads, steps))
 
 
 def _size_label(n: int) -> str:

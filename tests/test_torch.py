@@ -444,9 +444,14 @@ def test_a_proxy_process_over_tcp_serves_pytorch() -> None:
         assert _same(local[key], remote[key]), key
 
 
-def test_more_than_one_device_says_why_not() -> None:
-    with pytest.raises(NotImplementedError, match="one device"):
+def test_devices_k_needs_a_pool_or_k_urls() -> None:
+    """``devices=2`` places on a pool; one proxy's URL names one device."""
+    from gpuremote.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="pool://"):
         gt.connect("tcp://127.0.0.1:1", devices=2)
+    with pytest.raises(ValueError, match="devices=3 but 2 URLs"):
+        gt.connect("tcp://127.0.0.1:1,tcp://127.0.0.1:2", devices=3)
 
 
 @pytest.mark.slow

@@ -115,21 +115,48 @@ def _install(drivers: list[SyncDriver]) -> Connection:
     return Connection(drivers, previous)
 
 
-def connect(url: str | None = None, **options: Any) -> Connection:
+def connect(url: str | list[str] | None = None, **options: Any) -> Connection:
     """Connect the ``gpuremote`` device to the proxy at ``url`` (else ``GPUREMOTE_URL``, the
     config file, the default; ``pool://NAME``: a pool's least-loaded proxy). Options are
     those of ``gpuremote.connect`` (``secret=``, pipeline settings). Without a ``connect``,
     the first use of the device connects to the configured URL. ``failover=``: the session
-    moves to another proxy when its own is lost (``gpuremote.connect``'s option). One
-    device for now (``devices=`` raises ``NotImplementedError``, saying why)."""
-    if options.pop("devices", None) not in (None, 1):
-        raise NotImplementedError(
-            "gpuremote.torch serves one device (gpuremote:0) for now: a backend written in "
-            "Python cannot yet make tensors on another device index (torch 2.13's Python "
-            "device guard has no current-device switch)"
-        )
+    moves to another proxy when its own is lost (``gpuremote.connect``'s option).
+
+    Several devices, ``gpuremote:0..k-1``, one session each: ``devices=k`` on a pool
+    (``pool://NAME``: k different proxies), or a list of URLs (or one string of them,
+    comma-separated). Tensors move between them proxy to proxy (``x.to("gpuremote:1")``).
+    More than one device needs the device guard library (``gpuremote.torch._guard``: C++,
+    built with torch's ``cpp_extension`` at first use); connect them before the first
+    backward pass (PyTorch's autograd sizes its device threads then)."""
+    k = options.pop("devices", None)
     register()
-    return _install([_open(url, None, options)])
+    if isinstance(url, str) and "," in url:
+        url = [u.strip() for u in url.split(",") if u.strip()]
+    if isinstance(url, list):
+        if k not in (None, len(url)):
+            raise ValueError(f"devices={k} but {len(url)} URLs")
+        urls = url
+    elif k not in (None, 1):
+        from ..session.opener import devices_now
+
+        urls, options = devices_now(url, int(k), options)
+    else:
+        return _install([_open(url, None, options)])
+    if len(urls) > 1:
+        _many_devices(len(urls))
+    return _install([_open(u, None, options) for u in urls])
+
+
+def _many_devices(k: int) -> None:
+    """Make ``gpuremote:0..k-1`` possible: the guard library, loaded (or the reason not)."""
+    from . import _guard
+
+    if _guard.load() is None:
+        raise NotImplementedError(
+            f"gpuremote.torch serves {k} devices with its device guard library, which is not "
+            f"available here ({_guard.why_not()}); one device works without it"
+        )
+    _guard.set_device_count(max(k, _guard.device_count()))
 
 
 def connect_local(

@@ -12,7 +12,7 @@ from torch.utils.backend_registration import _setup_privateuseone_for_python_bac
 
 from ..config import resolve_url, url_for_rank
 from ..core.driver import SyncDriver
-from . import _autocast
+from . import _autocast, _guard
 from ._dispatch import Dispatcher
 from ._kernels import install
 from ._tensors import DEVICE, memory_stats
@@ -124,24 +124,26 @@ class _DeviceModule:
 
     @staticmethod
     def current_device() -> int:
-        return 0
+        """The calling thread's current device index."""
+        return _guard.current_device()
 
     @staticmethod
     def set_device(device: Any) -> None:
-        """Make ``device`` current (one device: index 0 only)."""
-        _index(device)
+        """Make ``device`` the calling thread's current device."""
+        _guard.set_device(_index(device))
 
     class device:
-        """``with torch.gpuremote.device(i):`` (one device: index 0)."""
+        """``with torch.gpuremote.device(i):``: ``gpuremote:i`` is current inside."""
 
         def __init__(self, device: Any) -> None:
             self.index = _index(device)
+            self._before = 0
 
         def __enter__(self) -> None:
-            return None
+            self._before = _guard.set_device(self.index)
 
         def __exit__(self, *exc: object) -> None:
-            return None
+            _guard.set_device(self._before)
 
     @staticmethod
     def device_count() -> int:
@@ -255,13 +257,13 @@ class _DeviceModule:
 def _index(device: Any) -> int:
     """The index of ``device`` (an int, a ``torch.device`` or its name; None: the current)."""
     if device is None:
-        return 0
+        return _guard.current_device()
     if isinstance(device, str):
         device = torch.device(device)
     if isinstance(device, torch.device):
         if device.type != DEVICE:
             raise ValueError(f"{device} is not a {DEVICE} device")
-        device = device.index or 0
+        device = _guard.current_device() if device.index is None else device.index
     index = int(device)
     if index < 0 or (index > 0 and index not in dispatcher.drivers):
         raise RuntimeError(f"{DEVICE}:{index} is not connected")

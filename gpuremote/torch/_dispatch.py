@@ -28,6 +28,7 @@ from ..errors import RemoteCallError
 from ..ops.aten import returns
 from ..wire.calls import CALLS_BY_NAME
 from ._encoding import Encoder
+from ._guard import current_device
 from ._tensors import (
     DEVICE,
     DTYPE_NAMES,
@@ -266,7 +267,9 @@ class Dispatcher:
     ) -> torch.Tensor:
         """A new, uninitialised tensor (one ASYNC ``alloc``)."""
         dtype = dtype or torch.get_default_dtype()
-        index = (device.index if device is not None else None) or 0
+        index = device.index if device is not None else None
+        if index is None:  # the current device (gpuremote:0 but where the guard library is)
+            index = current_device()
         d = self.driver(index)
         handle = d.session.new_handle()
         nbytes = extent(sizes, strides, _itemsize(dtype))
@@ -300,8 +303,14 @@ class Dispatcher:
         if plan.view:
             return op.redispatch(_CPU_KEYS, *args, **kwargs)
         tensors: list[torch.Tensor] = []
-        index = self._index_of(args, kwargs) if len(self.drivers) > 1 else 0
-        encode = Encoder(tensors, self._uploads[index], not plan.in_place, plan.cpu_indices)
+        if len(self.drivers) > 1:  # (each operand checked to be on the op's device)
+            index = self._index_of(args, kwargs)
+            encode = Encoder(
+                tensors, self._uploads[index], not plan.in_place, plan.cpu_indices, index
+            )
+        else:
+            index = 0
+            encode = Encoder(tensors, self._uploads[0], not plan.in_place, plan.cpu_indices)
         wire_args = [
             [encode(a) for a in args],
             encode.keywords(kwargs) if kwargs else {},
@@ -463,7 +472,9 @@ class Dispatcher:
                     if is_remote(x):
                         return x.device.index or 0
         device = kwargs.get("device")
-        return (device.index or 0) if isinstance(device, torch.device) else 0
+        if isinstance(device, torch.device) and device.index is not None:
+            return device.index
+        return current_device()
 
     def _infer(
         self, op: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]

@@ -24,8 +24,11 @@ class Encoder:
         upload: Callable[[torch.Tensor], torch.Tensor],
         floats_matter: bool = True,
         cpu_indices: bool = False,
+        device_index: int | None = None,
     ) -> None:
         self.tensors = tensors
+        #: the op's device, where the process has several: every operand must be on it
+        self.device_index = device_index
         self.upload = upload
         #: CPU tensors of any shape are uploaded (an indexing op's indices), not only scalars
         self.cpu_indices = cpu_indices
@@ -48,6 +51,11 @@ class Encoder:
                         f"tensor of shape {list(a.shape)} beside {DEVICE} tensors"
                     )
                 a = self.upload(a)
+            elif self.device_index is not None and (a.device.index or 0) != self.device_index:
+                raise RuntimeError(
+                    "Expected all tensors to be on the same device, but found at least two "
+                    f"devices, {DEVICE}:{self.device_index} and {a.device}!"
+                )
             if a.is_conj() or a.is_neg():  # lazy bits: the proxy's views are the bytes
                 a = a.resolve_conj().resolve_neg()
             shape, stride, dtype = a.shape, a.stride(), a.dtype

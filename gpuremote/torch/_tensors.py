@@ -73,7 +73,8 @@ def new_tensor(
 ) -> torch.Tensor:
     """A tensor over remote buffer ``handle`` of ``nbytes`` on device ``gpuremote:index``;
     ``release(handle, nbytes)`` frees the buffer when the storage's last view dies."""
-    return tensor_on(new_storage(handle, nbytes, index, release), 0, sizes, strides, dtype)
+    storage = new_storage(handle, nbytes, index, release)
+    return tensor_on(storage, 0, sizes, strides, dtype, index)
 
 
 def new_storage(handle: int, nbytes: int, index: int, release: Callable[[int, int], None]) -> Any:
@@ -112,10 +113,18 @@ _STATS: dict[int, MemoryStats] = {}
 
 
 def tensor_on(
-    storage: Any, offset: int, sizes: Any, strides: Any, dtype: torch.dtype
+    storage: Any, offset: int, sizes: Any, strides: Any, dtype: torch.dtype, index: int = -1
 ) -> torch.Tensor:
-    """A tensor viewing remote ``storage`` (``offset`` in elements of ``dtype``)."""
-    t = torch._C._acc.create_empty_tensor((0,), dtype)
+    """A tensor viewing remote ``storage`` (``offset`` in elements of ``dtype``) on device
+    ``index`` (-1: the storage's)."""
+    if index < 0:
+        index = storage.device.index or 0
+    if index:  # (PyTorch's Python factory makes index 0 only: the guard library's does)
+        from ._guard import empty_on
+
+        t = empty_on(index, dtype)
+    else:
+        t = torch._C._acc.create_empty_tensor((0,), dtype)
     _set_storage._handle.redispatch_boxed(_CPU_KEYS, t, storage, offset, sizes, strides)
     return t
 

@@ -1,0 +1,90 @@
+// The gpuremote device's guard for more than one device index (gpuremote:0..k-1), and an
+// empty-tensor factory that takes the index. PyTorch's Python backend API keeps one device:
+// its guard answers index 0 and ignores setDevice, and its factory hardcodes index 0. This
+// replaces the guard (C10_REGISTER_GUARD_IMPL stores it over the Python one when the library
+// loads) with a thread-local current index and a device count set from Python; everything
+// else of the device stays Python. Built by gpuremote/torch/_guard.py with torch's own
+// cpp_extension, at first use, cached per torch build.
+#include <ATen/core/Tensor.h>
+#include <c10/core/Storage.h>
+#include <c10/core/TensorImpl.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/library.h>
+
+#include <atomic>
+
+namespace {
+
+constexpr auto kType = c10::DeviceType::PrivateUse1;
+thread_local c10::DeviceIndex current_index = 0;
+std::atomic<c10::DeviceIndex> device_count{1};
+
+c10::Device device(c10::DeviceIndex index) { return c10::Device(kType, index); }
+
+struct Guard final : public c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override { return kType; }
+  c10::Device exchangeDevice(c10::Device d) const override {
+    auto old = device(current_index);
+    current_index = d.index();
+    return old;
+  }
+  c10::Device getDevice() const override { return device(current_index); }
+  void setDevice(c10::Device d) const override { current_index = d.index(); }
+  void uncheckedSetDevice(c10::Device d) const noexcept override { current_index = d.index(); }
+  // one stream per device: the session runs its ops in the order they were sent
+  c10::Stream getStream(c10::Device d) const override {
+    return c10::Stream(c10::Stream::DEFAULT, d);
+  }
+  c10::Stream exchangeStream(c10::Stream s) const override {
+    return c10::Stream(c10::Stream::DEFAULT, s.device());
+  }
+  c10::DeviceIndex deviceCount() const noexcept override { return device_count.load(); }
+  // Events order nothing here: on one device, every op runs in the order sent (one stream);
+  // between devices, data moves only by a copy that waits for its source (peer_export is
+  // synchronous) and is queued in order on its target. Autograd records and waits for
+  // events where a gradient crosses devices: these are those events, already complete.
+  void record(void** event, const c10::Stream&, const c10::DeviceIndex,
+              const c10::EventFlag) const override {
+    static int recorded = 0;
+    *event = &recorded;
+  }
+  void block(void*, const c10::Stream&) const override {}
+  bool queryEvent(void*) const override { return true; }
+};
+
+C10_REGISTER_GUARD_IMPL(PrivateUse1, Guard);
+
+// A tensor of no elements on gpuremote:index (then set_ to a remote storage).
+at::Tensor empty_on(int64_t index, at::ScalarType dtype) {
+  c10::Storage storage(
+      c10::Storage::use_byte_size_t(), 0,
+      c10::DataPtr(nullptr, device(static_cast<c10::DeviceIndex>(index))), nullptr, false);
+  return at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+      caffe2::TypeMeta::fromScalarType(dtype));
+}
+
+int64_t set_device_count(int64_t n) {
+  device_count = static_cast<c10::DeviceIndex>(n);
+  return n;
+}
+
+int64_t get_device_count() { return device_count.load(); }
+
+int64_t current_device() { return current_index; }
+
+int64_t set_device(int64_t index) {
+  auto old = current_index;
+  current_index = static_cast<c10::DeviceIndex>(index);
+  return old;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(gpuremote_guard, m) {
+  m.def("empty_on", &empty_on);
+  m.def("set_device_count", &set_device_count);
+  m.def("device_count", &get_device_count);
+  m.def("current_device", &current_device);
+  m.def("set_device", &set_device);
+}

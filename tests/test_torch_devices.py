@@ -1,0 +1,189 @@
+"""``gpuremote:0..k-1`` in one process: one session per device, the device guard library
+(``gpuremote/torch/_guard.cpp``, built with torch's cpp_extension), tensors moved proxy to
+proxy. Each test runs in a fresh interpreter: the guard and PyTorch's autograd device threads
+are per process (the threads are sized at the first backward pass)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+WORKER = """
+import json, os, torch
+from torch import nn
+import gpuremote.torch as gt
+
+urls = os.environ["TEST_URLS"]
+conn = gt.connect(urls)
+out = {"devices": [str(d) for d in conn.devices], "count": torch.gpuremote.device_count()}
+
+# placement and copies between devices (proxy to proxy)
+x = torch.arange(12.0).reshape(3, 4).to("gpuremote:1")
+y = x.t().to("gpuremote:0")  # a strided view, moved
+out["x"] = [str(x.device), x.cpu().tolist()]
+out["y"] = [str(y.device), y.cpu().tolist()]
+z = torch.empty(2, 3, device="gpuremote:0")
+z.copy_(torch.ones(2, 3, device="gpuremote:1", dtype=torch.float64))  # converts, then moves
+out["z"] = z.cpu().tolist()
+torch.gpuremote.set_device(1)
+out["current"] = [torch.gpuremote.current_device(), str(torch.zeros(1, device="gpuremote").device)]
+torch.gpuremote.set_device(0)
+with torch.gpuremote.device(1):
+    out["inside"] = str(torch.ones(1, device="gpuremote").device)
+with torch.device("gpuremote:1"):
+    out["default_device"] = str(torch.ones(1).device)
+out["after"] = str(torch.ones(1, device="gpuremote").device)
+try:
+    torch.ones(2, device="gpuremote:0") + torch.ones(2, device="gpuremote:1")
+    out["mixed"] = "no error"
+except RuntimeError as exc:
+    out["mixed"] = str(exc)
+
+# a two-stage model, pipeline style: stage 0 on gpuremote:0, stage 1 on gpuremote:1
+torch.manual_seed(0)
+stages = [nn.Sequential(nn.Linear(8, 2048), nn.ReLU()), nn.Sequential(nn.Linear(2048, 4))]
+import copy
+ref = copy.deepcopy(stages)
+stage0, stage1 = stages[0].to("gpuremote:0"), stages[1].to("gpuremote:1")
+params = [*stage0.parameters(), *stage1.parameters()]
+opt = torch.optim.SGD(params, lr=0.1)
+ref_opt = torch.optim.SGD([*ref[0].parameters(), *ref[1].parameters()], lr=0.1)
+data, target = torch.randn(16, 8), torch.randn(16, 4)
+transfers = gt.dispatcher.transfers
+before = [gt.stats(i) for i in (0, 1)]
+copies = transfers.proxy_to_proxy
+losses = []
+for _ in range(4):
+    h = stage0(data.to("gpuremote:0"))
+    pred = stage1(h.to("gpuremote:1"))
+    loss = ((pred - target.to("gpuremote:1")) ** 2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    ref_loss = ((ref[1](ref[0](data)) - target) ** 2).mean()
+    ref_opt.zero_grad()
+    ref_loss.backward()
+    ref_opt.step()
+    losses.append([loss.item(), ref_loss.item()])
+after = [gt.stats(i) for i in (0, 1)]
+out["losses"] = losses
+out["weights_equal"] = all(
+    torch.equal(p.cpu(), q)
+    for p, q in zip(params, [*ref[0].parameters(), *ref[1].parameters()])
+)
+out["devices_of_params"] = sorted({str(p.device) for p in params})
+out["proxy_to_proxy"] = transfers.proxy_to_proxy - copies
+out["through_client"] = transfers.through_client
+out["client_bytes"] = sum(
+    a[k] - b[k] for a, b in zip(after, before) for k in ("bytes_sent", "bytes_received")
+)
+out["activation_bytes"] = 2 * 4 * 16 * 2048 * 4  # h and its gradient, 4 steps
+conn.close()
+print(json.dumps(out))
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def peers() -> Iterator[list[str]]:
+    """Two proxy processes, each the other's peer (so each may read from the other)."""
+    urls = [f"tcp://127.0.0.1:{_free_port()}" for _ in range(2)]
+    procs = []
+    try:
+        for me, other in ((urls[0], urls[1]), (urls[1], urls[0])):
+            cmd = [sys.executable, "-m", "gpuremote", "serve", "--listen", me, "--peer", other]
+            procs.append(
+                subprocess.Popen(
+                    [*cmd, "--backend", "numpy", "--quiet"],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        for url in urls:
+            _wait_listening(url)
+        yield urls
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(10)
+
+
+def _wait_listening(url: str, timeout: float = 30.0) -> None:
+    host, port = url.removeprefix("tcp://").split(":")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex((host, int(port))) == 0:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"no proxy at {url}")
+
+
+def test_two_devices_in_one_process(
+    peers: list[str], python_json: Callable[..., dict[str, Any]]
+) -> None:
+    """``gt.connect("URL0,URL1")``: ``gpuremote:0`` and ``gpuremote:1``; tensors made on
+    either (by index, by the current device, under ``torch.device``), moved between them
+    proxy to proxy; an op mixing them refused as PyTorch refuses it; a two-stage model
+    trained across them equal to the CPU, bitwise, with its activations never through the
+    client."""
+    out = python_json(WORKER, TEST_URLS=",".join(peers), OMP_NUM_THREADS="1")
+    assert out["devices"] == ["gpuremote:0", "gpuremote:1"] and out["count"] == 2
+    assert out["x"] == ["gpuremote:1", [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]]
+    assert out["y"] == ["gpuremote:0", [[0, 4, 8], [1, 5, 9], [2, 6, 10], [3, 7, 11]]]
+    assert out["z"] == [[1.0] * 3] * 2
+    assert out["current"] == [1, "gpuremote:1"]
+    assert out["inside"] == "gpuremote:1" and out["after"] == "gpuremote:0"
+    assert out["default_device"] == "gpuremote:1"
+    assert "Expected all tensors to be on the same device" in out["mixed"], out["mixed"]
+    assert all(a == b for a, b in out["losses"]), out["losses"]
+    assert out["weights_equal"]
+    assert out["devices_of_params"] == ["gpuremote:0", "gpuremote:1"]
+    # each step: the input to 0, the activation 0 -> 1, the target to 1 are copies from the
+    # host; the activation (forward) and its gradient (backward) go proxy to proxy
+    assert out["proxy_to_proxy"] == 8 and out["through_client"] == 0, out
+    # the client moved commands, the inputs and the losses: a tenth of the activations
+    assert out["client_bytes"] < out["activation_bytes"] / 10, out
+
+
+def test_without_the_guard_library_one_device_and_the_reason(
+    python_json: Callable[..., dict[str, Any]],
+) -> None:
+    """Where the library cannot be built (here: turned off), two devices are refused with
+    the reason; one device works as before."""
+    out = python_json(
+        """
+        import json
+        import gpuremote.torch as gt
+        try:
+            gt.connect("tcp://127.0.0.1:1,tcp://127.0.0.1:2")
+            print(json.dumps({"error": ""}))
+        except NotImplementedError as exc:
+            print(json.dumps({"error": str(exc)}))
+        """,
+        GPUREMOTE_TORCH_NATIVE="0",
+    )
+    assert "device guard library" in out["error"] and "GPUREMOTE_TORCH_NATIVE=0" in out["error"]
+
+
+def test_guard_library_builds_from_the_installed_source() -> None:
+    """The C++ source ships with the package (package data) beside its loader."""
+    import gpuremote.torch._guard as guard
+
+    assert guard._SOURCE.is_file()
+    assert "C10_REGISTER_GUARD_IMPL(PrivateUse1" in guard._SOURCE.read_text()
+    assert os.path.basename(guard._SOURCE) == "_guard.cpp"
