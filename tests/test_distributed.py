@@ -5,6 +5,7 @@ proxy process per rank (NumPy backend)."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import os
 import subprocess
@@ -40,16 +41,31 @@ _HOST, _JOIN, _RUN, _SYNC, _ALLOC = (
 def proxies() -> Iterator[list[LocalProxy]]:
     """Two proxy processes (one per rank), one intra-op thread each (the ranks' too)."""
     started = []
-    os.environ["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
     try:
         for _ in range(2):
             p = LocalProxy("tcp", "numpy", ("--quiet",))
-            p.start()
+            with _one_thread():
+                p.start()
             started.append(p)
         yield started
     finally:
         for p in started:
             p.stop()
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """``OMP_NUM_THREADS=1`` for the processes started inside (this one's is left as it is:
+    other tests compare their proxies' results with this process's, bit for bit)."""
+    before = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["OMP_NUM_THREADS"]
+        else:
+            os.environ["OMP_NUM_THREADS"] = before
 
 
 def _torchrun(proxies: list[LocalProxy], *args: str, timeout: float = 120, **env: str) -> str:
@@ -139,7 +155,8 @@ def test_a_proxy_killed_mid_training_fails_every_rank_within_the_timeout() -> No
     started = [LocalProxy("tcp", "numpy", ("--quiet",)) for _ in range(2)]
     try:
         for p in started:
-            p.start()
+            with _one_thread():
+                p.start()
         pids = ",".join(str(p.proc.pid) for p in started if p.proc is not None)
         t0 = time.monotonic()
         log = _torchrun(
