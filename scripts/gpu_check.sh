@@ -25,6 +25,7 @@ CHECKS=(
     "ucx-device-buffers|40|env UCX_WARN_UNUSED_ENV_VARS=n $bin/python -m pytest -q -x tests/test_ucx.py -k 'device or large'"
     "torch-cupy|240|env GPUREMOTE_TEST_BACKENDS=cupy $bin/python -m pytest -q -x -p no:randomly tests/test_torch.py tests/test_torch_hostile.py tests/test_torch_compile.py"
     "torch-graphs|240|env GPUREMOTE_TEST_BACKENDS=cupy $bin/python -m pytest -q -x -p no:randomly -m 'slow or not slow' tests/test_proxy_graphs.py"
+    "torch-devices|90|env GPUREMOTE_TEST_BACKENDS=cupy $bin/python -m pytest -q -x -p no:randomly tests/test_torch_devices.py"
     "demo|30|$bin/gpuremote demo --backend cupy"
     "bench-compare|50|env UCX_WARN_UNUSED_ENV_VARS=n $bin/gpuremote bench throughput --backend cupy --compare tcp,ucx --sizes 1m,64m,256m --json"
 )

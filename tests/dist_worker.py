@@ -1,7 +1,10 @@
 """One rank of the torch.distributed tests (``tests/test_distributed.py`` runs it under
-torchrun, one proxy per rank): ``collectives`` checks each collective's result against what
-it must be; ``bytes`` trains DDP steps and prints the bytes its session moved per step beside
-the gradients' bytes; ``kill`` trains until rank 1 kills its own proxy at step 2."""
+torchrun, one proxy per rank), in modes run one after the other, each in a process group of
+its own: ``ddp`` and ``fsdp`` run ``examples/ddp.py`` as it is (an MLP under DDP, a 2-layer
+transformer under FSDP2, 4 steps; rank 0 saves the weights in ``GPUREMOTE_TEST_OUT``);
+``collectives`` checks each collective's result against what it must be; ``bytes`` trains
+DDP steps and prints the bytes its session moved per step beside the gradients' bytes;
+``kill`` trains until rank 1 kills its own proxy at step 2."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -124,8 +128,28 @@ def kill(rank: int, steps: int = 6) -> None:
     print(f"rank {rank} finished without an error", flush=True)
 
 
+def example(*args: str) -> None:
+    """``examples/ddp.py`` with ``args`` (it makes and ends its own process group)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    try:
+        import ddp
+    finally:
+        del sys.path[0]
+    ddp.main(list(args))
+
+
 def main() -> int:
     modes = sys.argv[1:]
+    out = os.environ.get("GPUREMOTE_TEST_OUT", ".")
+    for model, flags in (
+        ("ddp", ("--model", "mlp")),
+        ("fsdp", ("--model", "transformer", "--shard")),
+    ):
+        if model in modes:
+            example("--steps", "4", *flags, "--out", f"{out}/{model}.pt")
+    modes = [m for m in modes if m not in ("ddp", "fsdp")]
+    if not modes:
+        return 0
     timeout = float(os.environ.get("GPUREMOTE_TEST_DIST_TIMEOUT", "60"))
     import datetime
 

@@ -116,30 +116,31 @@ def _assert_trained_alike(path: Path, expected: dict[str, torch.Tensor]) -> None
         torch.testing.assert_close(got[k], v, rtol=0, atol=1e-5, msg=k)
 
 
-@pytest.mark.parametrize(
-    ("kind", "shard"), [("mlp", False), ("transformer", True)], ids=["ddp-mlp", "fsdp2-transformer"]
-)
-def test_training_equals_one_process_on_the_global_batch(
-    proxies: list[LocalProxy], tmp_path: Path, kind: str, shard: bool
+def test_ddp_fsdp2_and_every_collective_between_proxies(
+    proxies: list[LocalProxy], tmp_path: Path
 ) -> None:
-    """The tutorial's DDP script (and FSDP2's ``fully_shard``) under torchrun, 2 ranks on 2
-    proxies: the weights after 4 steps equal one process's on the global batch (1e-5: the
-    gradients are averaged in another order)."""
-    out = tmp_path / "weights.pt"
-    args = [str(EXAMPLE), "--steps", "4", "--model", kind, "--out", str(out)]
-    log = _torchrun(proxies, *args, *(["--shard"] if shard else []))
-    assert log.count(" step 3 loss ") == 2, log[-3000:]
-    _assert_trained_alike(out, _one_process(kind, 4))
+    """One torchrun, 2 ranks on 2 proxies, four process groups in turn:
 
-
-def test_collectives_between_proxies_and_no_gradient_through_the_client(
-    proxies: list[LocalProxy],
-) -> None:
-    """Every collective's result (sum/avg/max/product all-reduce, broadcast, all-gather both
-    ways, reduce-scatter both ways, all-to-all, reduce, CPU and strided tensors, barrier, a
-    new group); then DDP steps: the client sends commands only (far less than the gradients)
-    and receives the loss."""
-    log = _torchrun(proxies, str(WORKER), "collectives", "bytes")
+    - the tutorial's DDP script (``examples/ddp.py``, an MLP) and the same under FSDP2's
+      ``fully_shard`` (a 2-layer transformer): the weights after 4 steps equal one
+      process's on the global batch (1e-5: the gradients are averaged in another order);
+    - every collective's result (sum/avg/max/product all-reduce, broadcast, all-gather both
+      ways, reduce-scatter both ways, all-to-all, reduce, CPU and strided tensors, barrier,
+      a new group);
+    - DDP steps: the client sends commands only (far less than the gradients) and receives
+      the loss."""
+    log = _torchrun(
+        proxies,
+        str(WORKER),
+        "ddp",
+        "fsdp",
+        "collectives",
+        "bytes",
+        GPUREMOTE_TEST_OUT=str(tmp_path),
+    )
+    assert log.count(" step 3 loss ") == 4, log[-3000:]  # 2 ranks, 2 scripts
+    _assert_trained_alike(tmp_path / "ddp.pt", _one_process("mlp", 4))
+    _assert_trained_alike(tmp_path / "fsdp.pt", _one_process("transformer", 4))
     assert log.count("collectives ok") == 2, log[-3000:]
     rows = [json.loads(line) for line in log.splitlines() if line.startswith('{"rank"')]
     assert len(rows) == 2, log[-3000:]

@@ -6,7 +6,7 @@ import asyncio
 import json
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -290,31 +290,3 @@ async def test_bench_failover_reports_each_move(ray_address: str) -> None:
         assert move["pause_s"] == pytest.approx(sum(move[k] for k in parts))
     assert isinstance(result["overhead_pct"], float)
     assert result["checkpoint"]["bytes_per_s"] >= 0
-
-
-@pytest.mark.slow
-def test_torch_devices_on_the_pool(
-    pool: Any, ray_address: str, python_json: Callable[..., dict[str, Any]]
-) -> None:
-    """``gt.connect("pool://NAME", devices=2)``: two different proxies of the pool as
-    ``gpuremote:0`` and ``gpuremote:1``; a tensor moves between them proxy to proxy."""
-    pytest.importorskip("torch")
-    out = python_json(
-        f"""
-        import json, torch
-        import gpuremote.torch as gt
-        conn = gt.connect("{pool.url}", devices=2)
-        x = torch.arange(4.0, device="gpuremote:0") * 2
-        y = x.to("gpuremote:1") + 1
-        print(json.dumps({{
-            "urls": [d.url for d in conn.drivers],
-            "y": [str(y.device), y.cpu().tolist()],
-            "proxy_to_proxy": gt.dispatcher.transfers.proxy_to_proxy,
-        }}))
-        conn.close()
-        """,
-        RAY_ADDRESS=ray_address,
-    )
-    assert len(set(out["urls"])) == 2, out
-    assert out["y"] == ["gpuremote:1", [1.0, 3.0, 5.0, 7.0]]
-    assert out["proxy_to_proxy"] == 1

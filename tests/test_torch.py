@@ -444,6 +444,29 @@ def test_a_proxy_process_over_tcp_serves_pytorch() -> None:
         assert _same(local[key], remote[key]), key
 
 
+def test_devices_k_on_a_pool_opens_a_session_on_each_placed_proxy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``connect("pool://NAME", devices=2)``: the pool places 2 proxies (the opener's
+    ``devices_now``, as ``gpuremote.xp`` asks it), each becomes a device, with the pool's
+    options (its secret); the guard library is asked for (here: refused, so the reason)."""
+    import gpuremote.session.opener as opener
+    import gpuremote.torch as gtorch
+    from gpuremote.torch import _guard
+
+    asked: list[Any] = []
+    monkeypatch.setattr(
+        opener,
+        "devices_now",
+        lambda url, k, options: asked.append((url, k)) or (["tcp://a:1", "tcp://b:2"], {"s": 1}),
+    )
+    monkeypatch.setattr(_guard, "_why", "turned off for this test")
+    monkeypatch.setattr(_guard, "_ops", None)
+    with pytest.raises(NotImplementedError, match="turned off for this test"):
+        gtorch.connect("pool://team", devices=2)
+    assert asked == [("pool://team", 2)]
+
+
 def test_devices_k_needs_a_pool_or_k_urls() -> None:
     """``devices=2`` places on a pool; one proxy's URL names one device."""
     from gpuremote.errors import ConfigError

@@ -26,6 +26,7 @@ client: bytes through the client per DDP step are the commands' only (``bytes_se
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import itertools
 import logging
@@ -118,6 +119,7 @@ class ProcessGroupGpuremote(_ProcessGroup):
             (host, port, key), _ = self._driver.call(_HOST, [size, self._timeout_ms])
             store.set(_STORE_KEY, f"{host}\n{port}\n{key}")
         host, port, key = store.get(_STORE_KEY).decode().split("\n")
+        self._store = store  # (rank 0 takes the job's address off it when the group ends)
         self._driver.call(_JOIN, [self._id, host, int(port), key, rank, size, self._timeout_ms])
 
     # -- what torch asks of a process group -------------------------------------------------
@@ -300,6 +302,10 @@ class ProcessGroupGpuremote(_ProcessGroup):
             self._driver.call(_SYNC, [])
         except Exception as exc:  # a peer is gone: said, not raised over the error before
             log.warning("gpuremote: rank %d left its group after an error: %s", self._rank, exc)
+        if self._rank == 0:  # every rank read it before joining: a group made again after
+            # destroy_process_group (in a store torch reuses) waits for its own job's
+            with contextlib.suppress(Exception):
+                self._store.delete_key(_STORE_KEY)
 
     def __repr__(self) -> str:
         return f"<ProcessGroupGpuremote rank {self._rank} of {self._size} on {self._driver.url}>"
