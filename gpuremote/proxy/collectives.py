@@ -5,9 +5,10 @@ The engine is ``torch.distributed``'s own: Gloo between CPU proxies, NCCL betwee
 A job's group forms in two steps, both asked by the job's clients (``gpuremote.torch.
 distributed``):
 
-- ``dist_host`` (rank 0's proxy): starts a ``TCPStore`` for the job on this proxy and answers
-  its address and a new job key (128 random bits). Every key of the job's rendezvous lives
-  under that key, so only its holders can find the job, let alone join it.
+- ``dist_host`` (rank 0's proxy): starts a ``TCPStore`` for the job on this proxy (listening
+  on the proxy's own address) and answers its address and a new job key (128 random bits).
+  Every key of the job's rendezvous lives under that key, so only its holders can find the
+  job, let alone join it.
 - ``dist_join`` (every rank's proxy): connects to the store (on this proxy or a peer's: a
   client cannot make a proxy dial anywhere else), claims its rank (a rank is claimed once: a
   second claim is refused) and makes the group; Gloo's rendezvous waits for the other ranks,
@@ -24,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import secrets
+import socket
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -85,7 +87,8 @@ class Collectives:
         self._own_hosts = own_hosts
         self._peer_hosts = peer_hosts
         self._lock = threading.Lock()
-        self._stores: dict[int, list[Any]] = {}  # session -> the job stores it hosts
+        #: session -> the job stores it hosts (with their listening sockets)
+        self._stores: dict[int, list[tuple[Any, socket.socket]]] = {}
         self._groups: dict[tuple[int, int], Group] = {}  # (session, group id) -> group
 
     # -- forming a group -------------------------------------------------------------------
@@ -96,13 +99,27 @@ class Collectives:
             raise CollectiveFailed("a job has at least one rank")
         hosts = [h for h in self._own_hosts() if h not in ("", "0.0.0.0", "::")]
         host = hosts[0] if hosts else "127.0.0.1"
-        store = dist.TCPStore(
-            host, 0, None, True, datetime.timedelta(seconds=timeout_s), wait_for_workers=False
-        )
+        # the store listens on this proxy's address alone (on its own, on every interface)
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        try:
+            sock.bind((host, 0))
+            sock.listen(128)
+            store = dist.TCPStore(
+                host,
+                sock.getsockname()[1],
+                None,
+                True,
+                datetime.timedelta(seconds=timeout_s),
+                wait_for_workers=False,
+                master_listen_fd=sock.fileno(),
+            )
+        except Exception as exc:
+            sock.close()
+            raise CollectiveFailed(f"cannot start the job's store: {_first_line(exc)}") from None
         key = secrets.token_hex(16)
         store.set(f"{_JOB}{key}/size", str(size))
         with self._lock:
-            self._stores.setdefault(session, []).append(store)
+            self._stores.setdefault(session, []).append((store, sock))
         return [host, int(store.port), key]
 
     def join(
@@ -207,9 +224,12 @@ class Collectives:
             groups = [g for k, g in self._groups.items() if k[0] == session]
             for k in [k for k in self._groups if k[0] == session]:
                 del self._groups[k]
-            self._stores.pop(session, None)
+            stores = self._stores.pop(session, [])
         for g in groups:
             _shut(g)
+        for store, sock in stores:
+            del store
+            sock.close()
 
     def stats(self, session: int) -> list[dict[str, Any]]:
         """The session's groups: rank, size, engine, collectives run, bytes they covered."""
