@@ -4,6 +4,7 @@ its own: ``ddp`` and ``fsdp`` run ``examples/ddp.py`` as it is (an MLP under DDP
 transformer under FSDP2, 4 steps; rank 0 saves the weights in ``GPUREMOTE_TEST_OUT``);
 ``collectives`` checks each collective's result against what it must be; ``bytes`` trains
 DDP steps and prints the bytes its session moved per step beside the gradients' bytes;
+``memory`` trains FSDP2 and prints what its tensors hold beside the whole model's bytes;
 ``kill`` trains until rank 1 kills its own proxy at step 2."""
 
 from __future__ import annotations
@@ -103,6 +104,31 @@ def train_bytes(rank: int, steps: int = 4) -> None:
     print(json.dumps({"rank": rank, "grad_bytes": grad_bytes, **moved}), flush=True)
 
 
+def memory(rank: int) -> None:
+    """FSDP2 frees what it reshards: after training, a rank's tensors hold its shards of the
+    parameters and gradients, not the whole of either (the storages' resize_)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(DEV, (dist.get_world_size(),))
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(8)]).to(DEV)
+    whole = sum(p.numel() * p.element_size() for p in model.parameters())
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(4, 256, device=DEV)
+    for _ in range(2):
+        loss = model(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        loss.item()
+    held = torch.get_device_module(DEV).memory_allocated()
+    print(json.dumps({"rank": rank, "memory_whole": whole, "memory_held": held}), flush=True)
+
+
 def kill(rank: int, steps: int = 6) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4)).to(DEV)
@@ -159,6 +185,7 @@ def main() -> int:
         {
             "collectives": lambda: collectives(rank, world),
             "bytes": lambda: train_bytes(rank),
+            "memory": lambda: memory(rank),
             "kill": lambda: kill(rank),
         }[mode]()
     dist.destroy_process_group()

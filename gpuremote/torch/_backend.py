@@ -12,10 +12,11 @@ from torch.utils.backend_registration import _setup_privateuseone_for_python_bac
 
 from ..config import resolve_url, url_for_rank
 from ..core.driver import SyncDriver
+from ..wire.calls import CALLS_BY_NAME
 from . import _autocast, _guard
 from ._dispatch import Dispatcher
 from ._kernels import install
-from ._tensors import DEVICE, memory_stats
+from ._tensors import DEVICE, memory_stats, retarget
 
 __all__ = ["DEVICE", "dispatcher", "register"]
 
@@ -314,6 +315,9 @@ def _new_storage(nbytes: int, device: torch.device) -> Any:
     return torch.empty(nbytes, dtype=torch.uint8, device=device).untyped_storage()
 
 
+_ALLOC = CALLS_BY_NAME["alloc"]
+
+
 def _patch_storage_copies() -> None:
     """Storage copies that would reach the missing allocator (``deepcopy`` of a remote
     tensor clones its storage; ``storage.to("gpuremote")``) make the storage as a tensor's;
@@ -338,16 +342,29 @@ def _patch_storage_copies() -> None:
     resize = torch.UntypedStorage.resize_
 
     def resize_storage(self: Any, nbytes: int) -> Any:
-        """FSDP frees an unsharded parameter's memory by ``resize_(0)`` and gets it back by
-        ``resize_(n)`` before its all-gather: a remote storage keeps its buffer (a Python
-        backend cannot resize a storage: PyTorch asks the C++ hooks), which is what the
-        next all-gather fills; any other size is refused."""
+        """``storage.resize_(n)`` of a remote storage (FSDP frees an unsharded parameter's
+        memory by ``resize_(0)`` and gets it back by ``resize_(n)`` before its all-gather):
+        its buffer is freed and a new one of ``n`` bytes made (its bytes are not kept, as
+        FSDP does not need them), by the guard library (PyTorch asks a device's C++ hooks
+        for this). Without the library, the storage keeps its buffer for ``resize_(0)``
+        (and then needs no ``resize_(n)``); any other size is refused."""
         if self.device.type != DEVICE:
             return resize(self, nbytes)
-        if nbytes in (0, self.nbytes()):
+        if nbytes == self.nbytes():
+            return self
+        if _guard.load() is not None:
+            d = dispatcher.driver(self.device.index)
+            handle = 0
+            if nbytes:
+                handle = d.session.new_handle()
+                d.post(_ALLOC, 0, [handle, nbytes])
+            retarget(self, handle, nbytes)
+            return self
+        if nbytes == 0:
             return self
         raise RuntimeError(
-            f"gpuremote: a device storage cannot be resized ({self.nbytes()} to {nbytes} bytes)"
+            f"gpuremote: a device storage cannot be resized ({self.nbytes()} to {nbytes} "
+            f"bytes) without the device guard library ({_guard.why_not()})"
         )
 
     type.__setattr__(torch.UntypedStorage, "resize_", resize_storage)

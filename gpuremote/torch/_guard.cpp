@@ -79,6 +79,19 @@ int64_t set_device(int64_t index) {
   return old;
 }
 
+// Point the storage at ``cdata`` (a c10::StorageImpl*, Python's ``storage._cdata``) at the
+// remote buffer whose fake address is ``address``, of ``nbytes``: a storage's resize (FSDP
+// frees an unsharded parameter's memory by resize_(0) and gets it back by resize_(n)), which
+// PyTorch otherwise asks of a device's C++ hooks. Its views keep the storage, so they see
+// the new buffer.
+int64_t set_storage(int64_t cdata, int64_t address, int64_t nbytes, int64_t index) {
+  auto* impl = reinterpret_cast<c10::StorageImpl*>(cdata);
+  impl->set_data_ptr_noswap(c10::DataPtr(
+      reinterpret_cast<void*>(address), device(static_cast<c10::DeviceIndex>(index))));
+  impl->set_nbytes(static_cast<size_t>(nbytes));
+  return nbytes;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(gpuremote_guard, m) {
@@ -87,4 +100,5 @@ TORCH_LIBRARY(gpuremote_guard, m) {
   m.def("device_count", &get_device_count);
   m.def("current_device", &current_device);
   m.def("set_device", &set_device);
+  m.def("set_storage", &set_storage);
 }

@@ -6,8 +6,10 @@ per torch build, Python version and source, under ``~/.cache/gpuremote/torch``
 PyTorch's Python backend API serves one device index: its guard says index 0 whatever is set,
 and its empty-tensor factory makes index 0. The library's guard replaces that one when it
 loads (a thread-local current index, a device count set here) and gives a factory that takes
-the index. Where it cannot be built (no C++ compiler or ninja, ``GPUREMOTE_TORCH_NATIVE=0``),
-``load`` returns None and says why (``why_not``): one device, as before.
+the index; it also resizes a remote storage (FSDP's ``resize_``), which PyTorch asks of a
+device's C++ hooks. Where it cannot be built (no C++ compiler or ninja,
+``GPUREMOTE_TORCH_NATIVE=0``), ``load`` returns None and says why (``why_not``): one device,
+as before.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ __all__ = [
     "loaded",
     "set_device",
     "set_device_count",
+    "set_storage",
     "why_not",
 ]
 
@@ -109,6 +112,12 @@ def set_device(index: int) -> int:
             raise RuntimeError(f"gpuremote:{index} is not connected")
         return 0
     return int(_ops.set_device(index))
+
+
+def set_storage(storage: Any, address: int, nbytes: int, index: int) -> None:
+    """Point remote ``storage`` at the buffer of fake address ``address``, of ``nbytes``
+    (the library is loaded)."""
+    _ops.set_storage(storage._cdata, address, nbytes, index)
 
 
 def set_device_count(n: int) -> None:

@@ -28,6 +28,7 @@ __all__ = [
     "memory_stats",
     "new_storage",
     "new_tensor",
+    "retarget",
     "tensor_on",
 ]
 
@@ -140,7 +141,25 @@ def _died(ref: weakref.ref[Any]) -> None:
     if entry is not None:
         release, handle, nbytes, index = entry
         _STATS[index].allocated -= nbytes
-        release(handle, nbytes)
+        if handle:  # (0: resized to nothing)
+            release(handle, nbytes)
+
+
+def retarget(storage: Any, handle: int, nbytes: int) -> None:
+    """Remote ``storage`` (resized) holds buffer ``handle`` of ``nbytes`` now (0: none): the
+    buffer it held is freed, in order with the calls around it."""
+    from ._guard import set_storage
+
+    ref = weakref.ref(storage)
+    release, old, old_nbytes, index = _LIVE[ref]
+    set_storage(storage, handle << _SHIFT, nbytes, index)
+    _LIVE[ref] = (release, handle, nbytes, index)
+    stats = _STATS[index]
+    stats.allocated += nbytes - old_nbytes
+    if stats.allocated > stats.peak:
+        stats.peak = stats.allocated
+    if old:
+        release(old, old_nbytes)
 
 
 def is_remote(t: Any) -> bool:
