@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["COLLECTIVES", "REDUCE_OPS", "CollectiveFailed", "Collectives", "Group"]
+__all__ = ["COLLECTIVES", "MAX_RANKS", "REDUCE_OPS", "CollectiveFailed", "Collectives", "Group"]
 
 #: the collectives ``dist_run`` runs; its tensors are the inputs, then the outputs:
 #: in place (all_reduce, broadcast, reduce: the tensors), [input, output_0 .. output_{k-1}]
@@ -48,6 +48,8 @@ COLLECTIVES = (
     "all_to_all_single",
     "barrier",
 )
+#: the most ranks a job may have
+MAX_RANKS = 65536
 #: reductions by name (``avg``: a sum divided by the group's size, as Gloo has no average)
 REDUCE_OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")
 _JOB = "gpuremote/job/"
@@ -95,8 +97,8 @@ class Collectives:
     def host(self, session: int, size: int, timeout_s: float) -> list[Any]:
         """Start a job's store (for ``size`` ranks); returns [host, port, key]."""
         dist = _dist()
-        if size < 1:
-            raise CollectiveFailed("a job has at least one rank")
+        if not 1 <= size <= MAX_RANKS:
+            raise CollectiveFailed(f"a job has 1 to {MAX_RANKS} ranks, not {size}")
         hosts = [h for h in self._own_hosts() if h not in ("", "0.0.0.0", "::")]
         host = hosts[0] if hosts else "127.0.0.1"
         # the store listens on this proxy's address alone (on its own, on every interface)
@@ -142,8 +144,10 @@ class Collectives:
             raise CollectiveFailed(
                 f"the job's store at {host} is on neither this proxy nor one of its peers"
             )
-        if not 0 <= rank < size:
+        if not 0 <= rank < size <= MAX_RANKS:
             raise CollectiveFailed(f"rank {rank} is not one of a group of {size}")
+        if not 0 < port < 65536:
+            raise CollectiveFailed(f"port {port} is not a TCP port")
         with self._lock:
             if (session, group_id) in self._groups:
                 raise CollectiveFailed(f"this session is in group {group_id} already")

@@ -21,9 +21,21 @@ def _table(s: SessionState) -> Any:
     return s.collectives
 
 
+#: a job's timeout, in ms: at least 0.1 s, at most a week
+_TIMEOUT_MS = (100, 7 * 24 * 3600 * 1000)
+
+
+def _timeout_s(timeout_ms: int) -> float:
+    least, most = _TIMEOUT_MS
+    if not least <= timeout_ms <= most:
+        raise CallFailed(f"a job's timeout is {least} ms to {most} ms, not {timeout_ms}")
+    return timeout_ms / 1e3
+
+
 def dist_host(s: SessionState, ctx: BatchContext, size: int, timeout_ms: int) -> list[Any]:
+    timeout_s = _timeout_s(timeout_ms)
     try:
-        return list(_table(s).host(s.session_id, size, timeout_ms / 1e3))
+        return list(_table(s).host(s.session_id, size, timeout_s))
     except CollectiveFailed as exc:
         raise CallFailed(str(exc)) from None
 
@@ -39,9 +51,10 @@ def dist_join(
     size: int,
     timeout_ms: int,
 ) -> None:
+    timeout_s = _timeout_s(timeout_ms)
     device = aten_session(s).device
     try:
-        _table(s).join(s.session_id, group, host, port, key, rank, size, timeout_ms / 1e3, device)
+        _table(s).join(s.session_id, group, host, port, key, rank, size, timeout_s, device)
     except CollectiveFailed as exc:
         raise CallFailed(str(exc)) from None
 
