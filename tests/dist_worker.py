@@ -71,6 +71,24 @@ def collectives(rank: int, world: int) -> None:
     strided = torch.arange(6.0, device=DEV).reshape(2, 3).t()  # not contiguous
     dist.all_reduce(strided)
     assert strided.tolist() == [[0.0, 6.0], [2.0, 8.0], [4.0, 10.0]], strided
+    out = [torch.zeros(2, device=DEV) for _ in range(world)] if rank == 0 else None
+    dist.gather(t(float(rank), 7.0), out, dst=0)
+    if rank == 0:
+        assert [o.tolist() for o in out] == [[0.0, 7.0], [1.0, 7.0]], out
+    x = torch.zeros(2, device=DEV)
+    parts = [t(1.0, 2.0), t(3.0, 4.0)] if rank == 1 else None
+    dist.scatter(x, parts, src=1)
+    assert x.tolist() == ([1.0, 2.0] if rank == 0 else [3.0, 4.0]), x
+    if rank == 0:  # point to point: a pipeline's hand-over (and back, on the host)
+        dist.send(t(5.0, 6.0), dst=1, tag=3)
+        back = torch.zeros(2)
+        dist.recv(back, src=1, tag=4)
+        assert back.tolist() == [50.0, 60.0], back
+    else:
+        got = torch.zeros(2, device=DEV)
+        dist.recv(got, src=0, tag=3)
+        assert got.tolist() == [5.0, 6.0], got
+        dist.send(got.cpu() * 10, dst=0, tag=4)
     dist.barrier()
     pair = dist.new_group([0, 1])
     x = t(rank + 1.0)

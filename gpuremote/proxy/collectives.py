@@ -35,8 +35,9 @@ __all__ = ["COLLECTIVES", "MAX_RANKS", "REDUCE_OPS", "CollectiveFailed", "Collec
 
 #: the collectives ``dist_run`` runs; its tensors are the inputs, then the outputs:
 #: in place (all_reduce, broadcast, reduce: the tensors), [input, output_0 .. output_{k-1}]
-#: (all_gather), [input_0 .. input_{k-1}, output] (reduce_scatter), [input, output] (the
-#: tensor-shaped ones)
+#: (all_gather; gather on its root, [input] elsewhere), [input_0 .. input_{k-1}, output]
+#: (reduce_scatter; scatter on its root, [output] elsewhere), [input, output] (the
+#: tensor-shaped ones), [tensor] (send and recv, to or from rank ``peer``, with ``tag``)
 COLLECTIVES = (
     "all_reduce",
     "broadcast",
@@ -46,6 +47,10 @@ COLLECTIVES = (
     "reduce_scatter",
     "reduce_scatter_tensor",
     "all_to_all_single",
+    "gather",
+    "scatter",
+    "send",
+    "recv",
     "barrier",
 )
 #: the most ranks a job may have
@@ -343,6 +348,27 @@ def _start(dist: Any, g: Group, op: str, ts: list[Any], params: dict[str, Any]) 
         opts = dist.ReduceScatterOptions()
         opts.reduceOp = _reduce_op(dist, params)
         return pg._reduce_scatter_base(ts[1], ts[0], opts)
+    if op == "gather":  # the root: [input, output_0 .. output_{k-1}]; the others: [input]
+        opts = dist.GatherOptions()
+        opts.rootRank = root = _root(params, size)
+        outs = ts[1:]
+        if len(outs) != (size if g.rank == root else 0):
+            raise CollectiveFailed(f"gather in a group of {size} takes {size} outputs on its root")
+        return pg.gather([outs] if outs else [], [ts[0]], opts)
+    if op == "scatter":  # the root: [input_0 .. input_{k-1}, output]; the others: [output]
+        opts = dist.ScatterOptions()
+        opts.rootRank = root = _root(params, size)
+        ins = ts[:-1]
+        if len(ins) != (size if g.rank == root else 0):
+            raise CollectiveFailed(f"scatter in a group of {size} takes {size} inputs on its root")
+        return pg.scatter([ts[-1]], [ins] if ins else [], opts)
+    if op in ("send", "recv"):
+        peer, tag = params.get("peer"), params.get("tag", 0)
+        if type(peer) is not int or not 0 <= peer < size or peer == g.rank:
+            raise CollectiveFailed(f"{op}: peer {peer!r} is not another rank of a group of {size}")
+        if type(tag) is not int or tag < 0:
+            raise CollectiveFailed(f"{op}: tag {tag!r} is not a non-negative integer")
+        return (pg.send if op == "send" else pg.recv)(ts, peer, tag)
     # all_to_all_single: [input, output], split sizes in params
     _pair(op, ts)
     return pg.alltoall_base(

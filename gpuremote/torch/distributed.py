@@ -248,6 +248,36 @@ class ProcessGroupGpuremote(_ProcessGroup):
 
     all_to_all_single = alltoall_base
 
+    def gather(
+        self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
+    ) -> Any:
+        params = {"root": int(getattr(opts, "rootRank", 0))}
+
+        def run() -> None:
+            for i, inp in enumerate(inputs):
+                self._run("gather", [inp, *(outputs[i] if outputs else [])], params)
+
+        return self._work("gather", run, outputs)
+
+    def scatter(
+        self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None
+    ) -> Any:
+        params = {"root": int(getattr(opts, "rootRank", 0))}
+
+        def run() -> None:
+            for i, out in enumerate(outputs):
+                self._run("scatter", [*(inputs[i] if inputs else []), out], params)
+
+        return self._work("scatter", run, outputs)
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Any:
+        params = {"peer": int(dst), "tag": int(tag)}
+        return self._work("send", lambda: self._each("send", tensors, params), tensors)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Any:
+        params = {"peer": int(src), "tag": int(tag)}
+        return self._work("recv", lambda: self._each("recv", tensors, params), tensors)
+
     def barrier(self, opts: Any = None) -> Any:
         def run() -> None:
             self._driver.post(_RUN, 0, ["barrier", self._id, [], {}])
@@ -273,6 +303,10 @@ class ProcessGroupGpuremote(_ProcessGroup):
     def _chunked(self, op: str, tensors: Sequence[torch.Tensor], params: dict[str, Any]) -> None:
         for i in range(0, len(tensors), _MOST):
             self._run(op, list(tensors[i : i + _MOST]), params)
+
+    def _each(self, op: str, tensors: Sequence[torch.Tensor], params: dict[str, Any]) -> None:
+        for t in tensors:  # (a point-to-point call moves one tensor)
+            self._run(op, [t], params)
 
     def _run(self, op: str, tensors: list[torch.Tensor], params: dict[str, Any]) -> None:
         """Queue one ``dist_run``; CPU tensors go to the device and back (a collective on
