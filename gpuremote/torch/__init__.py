@@ -32,7 +32,7 @@ except ImportError as _exc:  # pragma: no cover - the extra is missing
     raise ImportError("gpuremote.torch needs PyTorch: pip install 'gpuremote[torch]'") from _exc
 
 from ..core.driver import SyncDriver
-from ._backend import DEVICE, dispatcher, register
+from ._backend import DEVICE, dispatcher, open_driver, register
 from .distributed import register_backend as _register_distributed
 
 __all__ = ["DEVICE", "Connection", "connect", "connect_local", "stats"]
@@ -93,19 +93,6 @@ class Connection:
         return f"<gpuremote.torch.Connection {urls}>"
 
 
-def _open(url: str | None, serve: str | None, options: dict[str, Any]) -> SyncDriver:
-    driver = SyncDriver(url, serve=serve, **options)
-    if dispatcher.seed is not None:
-        driver.post(_seed_call(), 0, [dispatcher.seed])
-    return driver
-
-
-def _seed_call() -> Any:
-    from ..wire.calls import CALLS_BY_NAME
-
-    return CALLS_BY_NAME["aten_seed"]
-
-
 def _install(drivers: list[SyncDriver]) -> Connection:
     """Serve the device by ``drivers`` from now on (the connection before is kept, for when
     this one is closed)."""
@@ -141,10 +128,10 @@ def connect(url: str | list[str] | None = None, **options: Any) -> Connection:
 
         urls, options = devices_now(url, int(k), options)
     else:
-        return _install([_open(url, None, options)])
+        return _install([open_driver(url, None, options)])
     if len(urls) > 1:
         _many_devices(len(urls))
-    return _install([_open(u, None, options) for u in urls])
+    return _install([open_driver(u, None, options) for u in urls])
 
 
 def _many_devices(k: int) -> None:
@@ -168,7 +155,7 @@ def connect_local(
     ``Proxy``'s (``session_limits=SessionLimits(graphs="inductor")``, ...)."""
     register()
     options = {"proxy_options": proxy_options} if proxy_options else {}
-    return _install([_open(url, backend, options)])
+    return _install([open_driver(url, backend, options)])
 
 
 def stats(index: int = 0) -> dict[str, Any]:

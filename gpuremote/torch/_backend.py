@@ -18,7 +18,7 @@ from ._dispatch import Dispatcher
 from ._kernels import install
 from ._tensors import DEVICE, memory_stats, retarget
 
-__all__ = ["DEVICE", "dispatcher", "register"]
+__all__ = ["DEVICE", "dispatcher", "open_driver", "register"]
 
 
 def _connect_default() -> SyncDriver:
@@ -29,6 +29,17 @@ def _connect_default() -> SyncDriver:
 
 
 dispatcher = Dispatcher(_connect_default)
+
+
+def open_driver(url: str | None, serve: str | None, options: dict[str, Any]) -> SyncDriver:
+    """A session for the device (``serve``: a proxy in this process), seeded as
+    ``torch.manual_seed`` said, if it was called before."""
+    driver = SyncDriver(url, serve=serve, **options)
+    if dispatcher.seed is not None:
+        driver.post(CALLS_BY_NAME["aten_seed"], 0, [dispatcher.seed])
+    return driver
+
+
 _registered = False
 #: the autocast kernels' registration, kept for the life of the process
 _AUTOCAST_LIBRARIES = (torch.library.Library("aten", "IMPL"), torch.library.Library("_", "IMPL"))

@@ -40,7 +40,7 @@ from torch.futures import Future
 from ..config import resolve_url, url_for_rank
 from ..core.driver import SyncDriver
 from ..wire.calls import CALLS_BY_NAME
-from ._backend import dispatcher
+from ._backend import dispatcher, open_driver
 from ._tensors import DEVICE, describe
 
 __all__ = ["BACKEND", "ProcessGroupGpuremote", "register_backend"]
@@ -92,10 +92,8 @@ def _rank_driver(store: Any, rank: int, size: int) -> SyncDriver:
         url = store.get(_DEVICES_KEY).decode().split("\n")[rank]
     else:
         url = url_for_rank(url, rank)
-    from . import _install
-
-    driver = SyncDriver(url, **options)
-    _install([driver])
+    driver = open_driver(url, None, options)
+    dispatcher.drivers[0] = driver
     return driver
 
 
