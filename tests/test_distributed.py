@@ -196,8 +196,8 @@ def test_a_proxy_killed_mid_training_fails_every_rank_within_the_timeout() -> No
 
 def test_a_hostile_rank_is_refused(proxies: list[LocalProxy]) -> None:
     """A job's group is joined only with its key, at a store on the proxy or a peer, once
-    per rank; a collective names only the session's own groups and buffers; the proxy goes
-    on serving the job."""
+    per rank; a session makes a bounded number of stores, with sane timeouts; a collective
+    names only the session's own groups and buffers; the proxy goes on serving the job."""
     a, b, c = (SyncDriver(u) for u in (proxies[0].url, proxies[1].url, proxies[0].url))
     try:
         (host, port, key), _ = a.call(_HOST, [2, 20_000])
@@ -214,6 +214,12 @@ def test_a_hostile_rank_is_refused(proxies: list[LocalProxy]) -> None:
                 f.result(timeout=60)
         with pytest.raises(RemoteCallError, match="rank 1 of this job has joined already"):
             c.call(_JOIN, [7, host, port, key, 1, 2, 20_000])
+        with pytest.raises(RemoteCallError, match="a job's timeout is 100 ms"):
+            c.call(_HOST, [2, 5])
+        for _ in range(16):  # stores are a session's to make, up to a limit
+            c.call(_HOST, [2, 20_000])
+        with pytest.raises(RemoteCallError, match="hosts 16 job stores, the most"):
+            c.call(_HOST, [2, 20_000])
 
         def buffer(d: SyncDriver, n: int = 4) -> list[object]:
             handle = d.session.new_handle()

@@ -31,7 +31,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["COLLECTIVES", "MAX_RANKS", "REDUCE_OPS", "CollectiveFailed", "Collectives", "Group"]
+__all__ = [
+    "COLLECTIVES",
+    "MAX_GROUPS",
+    "MAX_RANKS",
+    "MAX_STORES",
+    "REDUCE_OPS",
+    "CollectiveFailed",
+    "Collectives",
+    "Group",
+]
 
 #: the collectives ``dist_run`` runs; its tensors are the inputs, then the outputs:
 #: in place (all_reduce, broadcast, reduce: the tensors), [input, output_0 .. output_{k-1}]
@@ -55,6 +64,9 @@ COLLECTIVES = (
 )
 #: the most ranks a job may have
 MAX_RANKS = 65536
+#: the most job stores one session may host, and groups it may be in, at once
+MAX_STORES = 16
+MAX_GROUPS = 64
 #: reductions by name (``avg``: a sum divided by the group's size, as Gloo has no average)
 REDUCE_OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")
 _JOB = "gpuremote/job/"
@@ -104,6 +116,9 @@ class Collectives:
         dist = _dist()
         if not 1 <= size <= MAX_RANKS:
             raise CollectiveFailed(f"a job has 1 to {MAX_RANKS} ranks, not {size}")
+        with self._lock:
+            if len(self._stores.get(session, ())) >= MAX_STORES:
+                raise CollectiveFailed(f"this session hosts {MAX_STORES} job stores, the most")
         hosts = [h for h in self._own_hosts() if h not in ("", "0.0.0.0", "::")]
         host = hosts[0] if hosts else "127.0.0.1"
         # the store listens on this proxy's address alone (on its own, on every interface)
@@ -156,6 +171,8 @@ class Collectives:
         with self._lock:
             if (session, group_id) in self._groups:
                 raise CollectiveFailed(f"this session is in group {group_id} already")
+            if sum(1 for k in self._groups if k[0] == session) >= MAX_GROUPS:
+                raise CollectiveFailed(f"this session is in {MAX_GROUPS} groups, the most")
         timeout = datetime.timedelta(seconds=timeout_s)
         try:
             store = dist.TCPStore(host, port, None, False, timeout)

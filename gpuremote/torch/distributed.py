@@ -54,6 +54,7 @@ _HOST, _JOIN, _RUN, _LEAVE = (
 )
 _SYNC = CALLS_BY_NAME["device_synchronize"]
 _STORE_KEY = "gpuremote/job"
+_MAX_TIMEOUT_MS = 7 * 24 * 3600 * 1000
 _DEVICES_KEY = "gpuremote/devices"
 #: the most tensors one ``dist_run`` names (the wire's list limit, with room for the input)
 _MOST = 63
@@ -112,7 +113,8 @@ class ProcessGroupGpuremote(_ProcessGroup):
         self._left = False
         self._driver = _rank_driver(store, rank, size)
         self._id = next(_group_ids)
-        self._timeout_ms = max(1, int(timeout.total_seconds() * 1e3))
+        # (the proxy takes 0.1 s to a week: a longer timeout, as some scripts give, is a week)
+        self._timeout_ms = min(max(100, int(timeout.total_seconds() * 1e3)), _MAX_TIMEOUT_MS)
         if rank == 0:
             (host, port, key), _ = self._driver.call(_HOST, [size, self._timeout_ms])
             store.set(_STORE_KEY, f"{host}\n{port}\n{key}")
