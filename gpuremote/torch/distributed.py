@@ -176,22 +176,14 @@ class ProcessGroupGpuremote(_ProcessGroup):
         return self._work("all_gather", run, outputs)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
-        return self._work(
-            "all_gather_into_tensor",
-            lambda: self._run("all_gather_into_tensor", [input, output], {}),
-            [output],
-        )
+        return self._pairwise("all_gather_into_tensor", [input], [output], {})
 
     all_gather_single = _allgather_base
 
     def allgather_into_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> Any:
-        def run() -> None:
-            for out, inp in zip(outputs, inputs, strict=True):
-                self._run("all_gather_into_tensor", [inp, out], {})
-
-        return self._work("all_gather_into_tensor", run, outputs)
+        return self._pairwise("all_gather_into_tensor", inputs, outputs, {})
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
@@ -209,11 +201,8 @@ class ProcessGroupGpuremote(_ProcessGroup):
     def _reduce_scatter_base(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> Any:
-        params = {"reduce": _reduction(opts)}
-        return self._work(
-            "reduce_scatter_tensor",
-            lambda: self._run("reduce_scatter_tensor", [input, output], params),
-            [output],
+        return self._pairwise(
+            "reduce_scatter_tensor", [input], [output], {"reduce": _reduction(opts)}
         )
 
     reduce_scatter_single = _reduce_scatter_base
@@ -221,13 +210,9 @@ class ProcessGroupGpuremote(_ProcessGroup):
     def reduce_scatter_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> Any:
-        params = {"reduce": _reduction(opts)}
-
-        def run() -> None:
-            for out, inp in zip(outputs, inputs, strict=True):
-                self._run("reduce_scatter_tensor", [inp, out], params)
-
-        return self._work("reduce_scatter_tensor", run, outputs)
+        return self._pairwise(
+            "reduce_scatter_tensor", inputs, outputs, {"reduce": _reduction(opts)}
+        )
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
@@ -240,11 +225,7 @@ class ProcessGroupGpuremote(_ProcessGroup):
         opts: Any = None,
     ) -> Any:
         params = {"out_splits": list(output_splits), "in_splits": list(input_splits)}
-        return self._work(
-            "all_to_all_single",
-            lambda: self._run("all_to_all_single", [input, output], params),
-            [output],
-        )
+        return self._pairwise("all_to_all_single", [input], [output], params)
 
     all_to_all_single = alltoall_base
 
@@ -299,6 +280,22 @@ class ProcessGroupGpuremote(_ProcessGroup):
         else:
             future.set_result(result)
         return _create_work_from_future(future)
+
+    def _pairwise(
+        self,
+        op: str,
+        inputs: Sequence[torch.Tensor],
+        outputs: list[torch.Tensor],
+        params: dict[str, Any],
+    ) -> Any:
+        """``op`` on each (input, output) pair, one ``dist_run`` each (the tensor-shaped
+        collectives, alone or coalesced); the Work's result is ``outputs``."""
+
+        def run() -> None:
+            for inp, out in zip(inputs, outputs, strict=True):
+                self._run(op, [inp, out], params)
+
+        return self._work(op, run, outputs)
 
     def _chunked(self, op: str, tensors: Sequence[torch.Tensor], params: dict[str, Any]) -> None:
         for i in range(0, len(tensors), _MOST):

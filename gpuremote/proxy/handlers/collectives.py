@@ -3,6 +3,8 @@ runs the collectives)."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from ...wire.protocol import TensorDesc
@@ -32,12 +34,19 @@ def _timeout_s(timeout_ms: int) -> float:
     return timeout_ms / 1e3
 
 
-def dist_host(s: SessionState, ctx: BatchContext, size: int, timeout_ms: int) -> list[Any]:
-    timeout_s = _timeout_s(timeout_ms)
+@contextlib.contextmanager
+def _said() -> Iterator[None]:
+    """A collective's failure, as the call's (its message to the client)."""
     try:
-        return list(_table(s).host(s.session_id, size, timeout_s))
+        yield
     except CollectiveFailed as exc:
         raise CallFailed(str(exc)) from None
+
+
+def dist_host(s: SessionState, ctx: BatchContext, size: int, timeout_ms: int) -> list[Any]:
+    timeout_s = _timeout_s(timeout_ms)
+    with _said():
+        return list(_table(s).host(s.session_id, size, timeout_s))
 
 
 def dist_join(
@@ -53,10 +62,8 @@ def dist_join(
 ) -> None:
     timeout_s = _timeout_s(timeout_ms)
     device = aten_session(s).device
-    try:
+    with _said():
         _table(s).join(s.session_id, group, host, port, key, rank, size, timeout_s, device)
-    except CollectiveFailed as exc:
-        raise CallFailed(str(exc)) from None
 
 
 def dist_run(
@@ -69,13 +76,11 @@ def dist_run(
 ) -> None:
     table = _table(s)
     a = aten_session(s)
-    try:
+    with _said():
         g = table.group(s.session_id, group)
         views = [a.tensor(d) for d in tensors]  # the session's own buffers, bounds-checked
         buffers = [s.buffers[d.handle] for d in tensors]
         a.runtime.run(lambda: table.run(g, op, views, params), buffers, buffers, ctx.stream, True)
-    except CollectiveFailed as exc:
-        raise CallFailed(str(exc)) from None
 
 
 def dist_leave(s: SessionState, ctx: BatchContext, group: int) -> None:
