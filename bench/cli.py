@@ -279,6 +279,7 @@ def _requirements_config(args: argparse.Namespace) -> Any:
         bws_gbit=_floats(args.bws, [10, 200] if quick else PAPER_BWS_GBIT),
         repeats=args.repeats or (3 if quick else 5),
         modes=modes,
+        local_baseline=args.local_baseline,
     )
 
 
@@ -453,6 +454,15 @@ _REQUIREMENTS_OPTIONS = (
         default="unoptimized,optimized,replay",
         help="over emu+inproc: unoptimized, optimized, replay (each step captured once and "
         "replayed by one message; for the PyTorch workloads: compiled, each graph so)",
+    ),
+    _option(
+        "--local",
+        dest="local_baseline",
+        choices=("pytorch", "inproc"),
+        default="pytorch",
+        help="what the PyTorch workloads' slowdowns are against: pytorch (the program run by "
+        "PyTorch alone on a local device: on sim:, its host time measured beside the "
+        "simulated kernels) or inproc (through gpuremote's client in process); both reported",
     ),
     _option("--tolerance", type=float, default=0.05),
     _option(

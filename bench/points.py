@@ -196,6 +196,28 @@ def _min_requirement(points: list[dict[str, Any]], mode: str, tol: float) -> dic
     return {"rtt_us": rtt_ok, "bw_gbit": bw_ok}
 
 
+def _against(
+    points: list[dict[str, Any]], modes: list[Mode], tol: float, runs: list[_Run]
+) -> dict[str, Any]:
+    """The points judged against another local baseline (its runs): its time, and what the
+    grid needs against it, measured and by the model."""
+    local_s = _median_run(runs).wall
+    judged = [
+        {
+            **p,
+            "slowdown": p["measured_s"] / local_s - 1,
+            "predicted_slowdown": p["predicted_s"] / local_s - 1,
+        }
+        for p in points
+    ]
+    return {
+        "local_s": local_s,
+        "local_runs_s": [r.wall for r in runs],
+        "min_requirement": {m.name: _min_requirement(judged, m.name, tol) for m in modes},
+        "min_requirement_model": _requirements(judged, modes, tol, "predicted_slowdown"),
+    }
+
+
 class _Point(NamedTuple):
     """One point of the grid in one mode, as measured: its turns' runs over the point's link,
     over the bare link, and in process (``runs[i]``, ``bare[i]``, ``local[i]``: one turn)."""
@@ -291,11 +313,14 @@ def judge_workload(
     local_runs: list[_Run],
     steps: int,
     plain: list[Any] | None = None,
+    baselines: dict[str, list[_Run]] | None = None,
 ) -> dict[str, Any]:
     """A workload's figures in a sweep's result: its points in every mode beside the
     model's predictions (each mode's trace, ``traces``), the costs the model was given, and
-    what the grid shows it needs (measured, by the model, and the network's share);
-    ``plain``: the trace of the workload as written, for its figures where no mode ran."""
+    what the grid shows it needs (measured, by the model, and the network's share), against
+    ``local_runs``; ``plain``: the trace of the workload as written, for its figures where no
+    mode ran; ``baselines``: every local baseline's runs by name, each point's slowdown and
+    the requirements against each reported too."""
     local_s = _median_run(local_runs).wall
     points: list[dict[str, Any]] = []
     costs: dict[str, dict[str, Any]] = {}
@@ -309,7 +334,11 @@ def judge_workload(
     trace = traces.get("optimized", traces[modes[-1].name] if modes else (plain or []))
     _, trips, _, _ = _remote_calls(trace, True)
     tol = cfg.tolerance
+    against = {name: _against(points, modes, tol, runs) for name, runs in (baselines or {}).items()}
+    for p in points:
+        p["slowdowns"] = {name: p["measured_s"] / a["local_s"] - 1 for name, a in against.items()}
     return {
+        "local_baselines": against,
         "local_s": local_s,
         "local_runs_s": [r.wall for r in local_runs],
         "local_model_s": local_seconds_of(trace),

@@ -612,7 +612,17 @@ def requirements_summary(console: Console, result: dict[str, Any]) -> None:
     columns = (*_REQUIREMENTS_COLUMNS, *(_EMULATED_COLUMNS if emulated else ()))
     for w in result["workloads"]:
         rows = (_requirements_row(p, emulated) for p in w["points"])
-        title = f"{w['name']}: local {w['local_s'] * 1e3:.1f} ms"
+        title = f"{w['name']}: local {w['local_s'] * 1e3:.1f} ms" + (
+            f" ({w['local_baseline']}; "
+            + ", ".join(
+                f"{k} {v['local_s'] * 1e3:.1f} ms"
+                for k, v in w["local_baselines"].items()
+                if k != w["local_baseline"]
+            )
+            + ")"
+            if w.get("local_baselines")
+            else ""
+        )
         console.print(result_table(title, columns, rows))
         within = "; ".join(f"{m} {r}" for m, r in w["min_requirement"].items())
         console.print(

@@ -130,6 +130,9 @@ class RequirementsConfig(TargetOptions):
     quick: bool = False
     repeats: int = 3
     modes: list[str] = field(default_factory=lambda: ["unoptimized", "optimized", "replay"])
+    #: the PyTorch workloads' local baseline (``bench.torch_local``): ``pytorch`` (PyTorch
+    #: alone on a local device) or ``inproc`` (through gpuremote's client in process)
+    local_baseline: str = "pytorch"
 
 
 async def _timed(fn: Callable[..., Any], gpu: gpuremote.GPU, sizes: dict[str, Any]) -> float:

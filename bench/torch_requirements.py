@@ -7,9 +7,12 @@ decoder; AdamW, clipped gradients, a read of the loss each step) runs in each mo
 model and the update after the backward pass under ``torch.compile(backend="gpuremote")``:
 each graph replayed by one message) and ``unoptimized`` (every call waits). The program is set up:
 
-- **locally**: ``gpuremote.tools.direct.connect_torch`` on the device (no proxy, no protocol, no
-  wire): as written (eager), the baseline of every mode; and each mode's trace of calls,
-  which the model replays (a compiled program's, of its replays);
+- **locally**, by PyTorch alone (``bench.torch_local``): as written (eager), the baseline of
+  every mode (``--local pytorch``): on the simulated GPU, PyTorch's own host time (the
+  workload's tiny twin on this CPU, measured) beside the device's kernels;
+- **in process**: ``gpuremote.tools.direct.connect_torch`` on the device (no proxy, no protocol,
+  no wire): as written, the baseline before (``--local inproc``, reported either way); and
+  each mode's trace of calls, which the model replays (a compiled program's, of its replays);
 - per mode, **behind one emulated link** (``emu+inproc``; a proxy in this process, batches
   run inline):
   its round trip and bandwidth change from point to point (``EmulatedConnection.set_link``),
@@ -19,9 +22,10 @@ The device is the simulated GPU timing only (``sim:a100,compute=0``: each op tak
 roofline time on a virtual clock, nothing is computed), so the paper's sizes run on any
 machine. The client sends what it queued when it next waits (as across two machines, and as
 the async workloads' sweep does): its helper does not nudge. Per point, its turns alternate a
-local run, a run over the bare link (no RTT, no limit: the software's own costs) and the
-point's run, and the model is given the point's measured costs, as for the async workloads
-(``gpuremote.bench.requirements``, whose functions judge the points). What was set up (two
+local run (PyTorch's, then the in-process one), a run over the bare link (no RTT, no limit:
+the software's own costs) and the point's run, and the model is given the point's measured
+costs, as for the async workloads (``gpuremote.bench.requirements``, whose functions judge
+the points). What was set up (two
 copies of a model of up to 124 M parameters, the compiled graphs) is frozen out of the
 garbage collector's way (``gc.freeze``): full collections over that heap took 0.3-0.6 s of a
 run at random before, and made eager runs swing by 2x.
@@ -46,6 +50,7 @@ from .points import (
     _run_queue_s,
     judge_workload,
 )
+from .torch_local import local_baseline
 from .torch_ops import _step, _updater
 
 __all__ = ["TORCH_MODES", "TORCH_WORKLOADS", "torch_modes", "torch_workload"]
@@ -187,22 +192,26 @@ def torch_workload(
     cpu_model = w.make()
     traces: dict[str, list[Any]] = {}
     measured: dict[str, list[_Point]] = {}
-    local_runs: list[_Run] = []
+    local_runs: dict[str, list[_Run]] = {"pytorch": [], "inproc": []}
     torch._dynamo.reset()
     with connect_torch(backend) as here:
         direct = here.drivers[0]
         session: Any = direct.session  # a DirectSession: its trace
-        # the baseline of every mode: the program as written (eager), run locally
-        baseline = _Program(w, cpu_model, False, direct)
+        # the program as written (eager) through gpuremote's client in process: its trace
+        inproc = _Program(w, cpu_model, False, direct)
         _settled()
+        eager = _median_trace(inproc, session, steps, cfg.repeats)
         for mode in modes:  # each mode's calls, as the local run makes them
             if dict(mode.run).get("compile", False):
                 traces[mode.name] = _median_trace(
                     _Program(w, cpu_model, True, direct), session, steps, cfg.repeats
                 )
             else:
-                traces[mode.name] = _median_trace(baseline, session, steps, cfg.repeats)
+                traces[mode.name] = eager
         session.trace = None  # the baseline's runs: not recorded
+        # the baseline of every mode: the program as written (eager), run by PyTorch alone
+        pytorch = local_baseline(w, size, cpu_model, session.executor.backend, eager, steps)
+        _settled()
         for mode in modes:
             link = _Link(backend, mode)
             try:
@@ -211,26 +220,37 @@ def torch_workload(
                 measured[mode.name] = []
                 for rtt in cfg.rtts_us:
                     for bw in cfg.bws_gbit:
-                        runs, bare, local_turns = [], [], []
-                        for _ in range(cfg.repeats):  # local, bare, point; again
-                            local_turns.append(baseline.run(steps, _local_snapshot))
+                        runs, bare = [], []
+                        turns: dict[str, list[_Run]] = {"pytorch": [], "inproc": []}
+                        for _ in range(cfg.repeats):  # local (both), bare, point; again
+                            turns["pytorch"].append(pytorch.run(steps))
+                            turns["inproc"].append(inproc.run(steps, _local_snapshot))
                             link.set(0.0, None)
                             bare.append(remote.run(steps, link.snapshot))
                             link.set(rtt, bw)
                             runs.append(remote.run(steps, link.snapshot))
-                        measured[mode.name].append(_Point(rtt, bw, runs, bare, local_turns))
-                        local_runs += local_turns
+                        judging = turns[cfg.local_baseline]
+                        measured[mode.name].append(_Point(rtt, bw, runs, bare, judging))
+                        for name, got in turns.items():
+                            local_runs[name] += got
                         progress.point_done(wname, mode=mode.name)
             finally:
                 link.close()
     gc.unfreeze()
     torch._dynamo.reset()
-    judged = judge_workload(cfg, modes, traces, measured, local_runs, steps)
+    judged = judge_workload(
+        cfg, modes, traces, measured, local_runs[cfg.local_baseline], steps, baselines=local_runs
+    )
     return {
         "name": wname,
         "framework": "torch",
         "model": w.describe,
         "sizes": {"size": size, "steps": steps},
+        "local_baseline": cfg.local_baseline,
+        "local_baselines_describe": {
+            "pytorch": pytorch.describe,
+            "inproc": "the program through gpuremote's client in process on the same device",
+        },
         **judged,
     }
 

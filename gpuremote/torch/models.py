@@ -3,9 +3,11 @@ data, nothing downloaded): ResNet-18 as torchvision defines it (torchvision does
 beside the CPU build of torch used here), a BERT-style encoder and a GPT-2-style decoder.
 
 ``workload(name, size)`` gives a model, a batch maker and a loss, in a small configuration
-(``"small"``: for tests) or at the paper's sizes (``"real"``: ResNet-18 on 224x224 images,
-BERT-base and GPT-2-small shapes). Plain PyTorch: the same code runs on ``"cpu"`` and on
-``"gpuremote"``.
+(``"small"``: for tests), at the paper's sizes (``"real"``: ResNet-18 on 224x224 images,
+BERT-base and GPT-2-small shapes) or as the real size's tiny twin (``"tiny"``: the same
+layers, so the same ATen ops in the same order, each tensor as small as they allow: what
+PyTorch itself costs a step, with next to no compute). Plain PyTorch: the same code runs
+on ``"cpu"`` and on ``"gpuremote"``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["GPT2", "WORKLOADS", "BertEncoder", "ResNet18", "Workload", "workload"]
+__all__ = ["GPT2", "SIZES", "WORKLOADS", "BertEncoder", "ResNet18", "Workload", "workload"]
 
 
 # -- ResNet-18 ------------------------------------------------------------------------------------
@@ -192,7 +194,12 @@ def _next_token(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Ten
 
 
 def _resnet(size: str) -> Workload:
-    batch, image, width, classes = (4, 32, 8, 10) if size == "small" else (8, 224, 64, 1000)
+    # tiny: two images (batch norm wants two values a channel at the last layer's 1x1)
+    batch, image, width, classes = {
+        "small": (4, 32, 8, 10),
+        "real": (8, 224, 64, 1000),
+        "tiny": (2, 32, 1, 2),
+    }[size]
 
     def make_batch(g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         x = torch.randn(batch, 3, image, image, generator=g)
@@ -224,14 +231,16 @@ def _language_model(name: str, size: str) -> Workload:
     """BERT-style or GPT-2-style: small, or BERT-base / GPT-2-small shapes."""
     bert = name == "bert"
     small = size == "small"
-    vocab, d, heads, layers, batch, seq = (
-        (100, 32, 4, 2, 4, 16)
-        if small
-        else ((30522, 768, 12, 12, 8, 128) if bert else (50257, 768, 12, 12, 4, 128))
-    )
+    vocab, d, heads, layers, batch, seq = {
+        "small": (100, 32, 4, 2, 4, 16),
+        "real": (30522, 768, 12, 12, 8, 128) if bert else (50257, 768, 12, 12, 4, 128),
+        # the real layers and heads, two features a head; no size of 1 (a dimension of 1
+        # lets PyTorch take other paths: a view for a copy, addmm for mm and add)
+        "tiny": (8, 24, 12, 12, 2, 3),
+    }[size]
     p = 0.0 if small else _DROPOUT
     kind, model = ("BERT-style encoder", BertEncoder) if bert else ("GPT-2-style decoder", GPT2)
-    max_len = 512 if bert else 1024
+    max_len = 16 if size == "tiny" else (512 if bert else 1024)
     return Workload(
         name,
         lambda: model(vocab, d, heads, layers, max_len, dropout=p),
@@ -242,7 +251,7 @@ def _language_model(name: str, size: str) -> Workload:
     )
 
 
-#: workload name -> its maker, by size ("small" or "real")
+#: workload name -> its maker, by size ("small", "real" or "tiny")
 WORKLOADS: dict[str, Callable[[str], Workload]] = {
     "resnet18": _resnet,
     "bert": lambda size: _language_model("bert", size),
@@ -250,12 +259,16 @@ WORKLOADS: dict[str, Callable[[str], Workload]] = {
 }
 
 
+#: the workloads' sizes
+SIZES = ("small", "real", "tiny")
+
+
 def workload(name: str, size: str = "small") -> Workload:
     """The workload ``name`` (``resnet18``, ``bert``, ``gpt2``) at ``size``."""
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}; choose from {sorted(WORKLOADS)}")
-    if size not in ("small", "real"):
-        raise ValueError(f"size must be 'small' or 'real', not {size!r}")
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {', '.join(map(repr, SIZES))}, not {size!r}")
     return WORKLOADS[name](size)
 
 
