@@ -48,9 +48,11 @@ TWIN = {"real": "tiny", "small": "small"}
 
 
 class LocalBaseline(Protocol):
-    """A workload run locally, ``steps`` at a time."""
+    """A workload run locally, ``steps`` at a time (``host_runs_s``: the host's own time in
+    each run, where the device's is simulated beside it; else empty)."""
 
     describe: str
+    host_runs_s: list[float]
 
     def run(self, steps: int) -> _Run: ...
 
@@ -60,13 +62,15 @@ def _plain_cpu() -> Iterator[None]:
     """PyTorch on one thread of the CPU, oneDNN off, meanwhile (see the module docstring)."""
     import torch
 
-    threads = torch.get_num_threads()
+    onednn: Any = torch.backends.mkldnn  # (its flags() context warns of Intel GPUs)
+    threads, enabled = torch.get_num_threads(), onednn.enabled
     torch.set_num_threads(1)
+    onednn.enabled = False
     try:
-        with torch.backends.mkldnn.flags(enabled=False):
-            yield
+        yield
     finally:
         torch.set_num_threads(threads)
+        onednn.enabled = enabled
 
 
 class _Trained:
@@ -114,6 +118,7 @@ class _SimulatedGpu:
         from gpuremote.torch.models import workload
 
         self.trace, self.steps = trace, steps
+        self.host_runs_s: list[float] = []  # PyTorch's own time, each run
         twin = workload(name, TWIN[size])
         torch.manual_seed(0)
         with _plain_cpu():
@@ -128,6 +133,7 @@ class _SimulatedGpu:
             raise ValueError(f"the trace holds {self.steps} steps, not {steps}")
         with _plain_cpu():
             host, stolen = self.twin.run(steps)
+        self.host_runs_s.append(host)
         return _Run(on_local_gpu_s(self.trace, host), 0.0, 0.0, 0.0, 0.0, stolen)
 
 
@@ -137,6 +143,7 @@ class _LocalCpu:
     describe = "PyTorch on the local CPU"
 
     def __init__(self, w: Any, cpu_model: Any) -> None:
+        self.host_runs_s: list[float] = []
         self.program = _Trained(w, copy.deepcopy(cpu_model), foreach=None)
 
     def run(self, steps: int) -> _Run:

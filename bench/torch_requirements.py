@@ -247,6 +247,8 @@ def torch_workload(
         "model": w.describe,
         "sizes": {"size": size, "steps": steps},
         "local_baseline": cfg.local_baseline,
+        # PyTorch's own host time in its local runs (on a simulated GPU; else none)
+        "pytorch_host_runs_s": pytorch.host_runs_s,
         "local_baselines_describe": {
             "pytorch": pytorch.describe,
             "inproc": "the program through gpuremote's client in process on the same device",

@@ -83,6 +83,21 @@ def test_sim_profile_options() -> None:
         get_backend("sim:compute=0")
 
 
+def test_timing_only_buffers_hold_no_bytes_and_take_none() -> None:
+    """``compute=0`` writes nothing (ops, copies and memsets only take their time): every
+    buffer is a read-only view of one region of zeros; a computing device's are its own."""
+    timing = get_backend("sim:a100,compute=0")
+    a, b = timing.alloc(1 << 20), timing.alloc(3 << 20)
+    assert a.nbytes == 1 << 20 and b.nbytes == 3 << 20
+    assert not a.flags.writeable and not b.flags.writeable and not b.any()
+    with pytest.raises(ValueError, match="read-only"):
+        a[0] = 1
+    computing = get_backend("sim:a100")
+    c = computing.alloc(1 << 20)
+    c[0] = 1
+    assert c.flags.writeable and not computing.alloc(1 << 20).any()
+
+
 @pytest.mark.parametrize("compute", ["0", "1"])
 def test_virtual_clock_waits_only_at_synchronising_calls(compute: str) -> None:
     be = get_backend(f"sim:a100,compute={compute}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from typing import Any
 
 import pytest
 
@@ -13,7 +14,8 @@ torch = pytest.importorskip("torch", reason="gpuremote.torch needs the [torch] e
 
 from gpuremote.bench.requirements import RequirementsConfig, run_requirements  # noqa: E402
 
-from gpuremote.tools.direct import connect_torch  # noqa: E402
+from gpuremote.bench.torch_local import _plain_cpu, on_local_gpu_s  # noqa: E402
+from gpuremote.tools.direct import TraceEntry, connect_torch  # noqa: E402
 from gpuremote.torch.models import train, workload  # noqa: E402
 
 
@@ -26,6 +28,71 @@ def test_the_local_baseline_runs_the_ops_at_once_and_traces_them() -> None:
     assert got[0] == expected[0]
     assert {e.call for e in trace} >= {"aten", "alloc", "copy_h2d", "copy_d2h"}
     assert all(e.gap_s >= 0 and e.device_s >= 0 for e in trace)
+
+
+def _aten_ops(w: Any, device: str) -> list[str]:
+    """The ATen ops of one training step of ``w`` on ``device`` (AdamW and the clipping on
+    their multi-tensor paths, as on a GPU), after a warm-up step."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from gpuremote.bench.torch_ops import _step, _updater
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = w.make()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, foreach=True)
+    x, y = (t.to(device) for t in w.batch(torch.Generator().manual_seed(1)))
+    update = _updater(model, opt)
+    _step(w, model, opt, x, y, update)
+    with Ops() as ops:
+        _step(w, model, opt, x, y, update)
+    return ops.names
+
+
+@pytest.mark.parametrize("name", ["resnet18", "bert", "gpt2"])
+def test_the_tiny_twin_runs_the_real_sizes_ops(name: str, monkeypatch: Any) -> None:
+    """What ``bench requirements``' PyTorch baseline rests on: the tiny twin, trained on the
+    CPU, makes the ATen ops of the real size (shapes alone: meta tensors), in the same
+    order."""
+    import torch.utils._foreach_utils as foreach
+
+    gpu_like = foreach._get_foreach_kernels_supported_devices()
+    # the real size on meta: its clipping on the multi-tensor path, as the CPU's and a GPU's
+    monkeypatch.setattr(
+        foreach, "_get_foreach_kernels_supported_devices", lambda: [*gpu_like, "meta"]
+    )
+    items = torch.library.Library("aten", "IMPL")  # a meta tensor's .item(): zero
+    items.impl("_local_scalar_dense", lambda t: 0.0, "Meta")
+    try:
+        real = _aten_ops(workload(name, "real"), "meta")
+    finally:
+        items._destroy()
+    with _plain_cpu():
+        tiny = _aten_ops(workload(name, "tiny"), "cpu")
+    assert len(real) > 400 and tiny == real
+
+
+def test_a_local_gpu_runs_its_kernels_beside_the_host() -> None:
+    """The baseline's device: kernels on a stream in parallel with the host's (measured)
+    time, waited for at the read."""
+
+    def call(klass: str, gap_ms: float, kernel_ms: float) -> TraceEntry:
+        return TraceEntry("aten", klass, 0, 0, gap_ms / 1e3, 0.0, kernel_s=kernel_ms / 1e3)
+
+    trace = [call("async", 1, 2), call("async", 1, 2), call("async", 1, 2), call("sync", 0, 0)]
+    # the host spends 1 ms a call: the device, 2 ms a kernel, sets the pace
+    assert on_local_gpu_s(trace, 3e-3) == pytest.approx(7e-3)
+    # the host spends 10 ms a call: each kernel runs while the host makes the next call
+    assert on_local_gpu_s(trace, 30e-3) == pytest.approx(32e-3)
 
 
 @pytest.mark.slow
@@ -68,3 +135,13 @@ def test_the_requirements_sweep_takes_the_pytorch_workloads() -> None:
     # the compiled mode sends far fewer calls a step
     assert w["calls_per_step"]["compiled"] < w["calls_per_step"]["optimized"] / 2
     assert set(w["min_requirement_network_only"]) == {"optimized", "compiled"}
+    # judged against PyTorch alone on a local (simulated) A100; the in-process run beside
+    assert w["local_baseline"] == "pytorch"
+    both = w["local_baselines"]
+    assert set(both) == {"pytorch", "inproc"}
+    assert w["local_s"] == both["pytorch"]["local_s"]
+    # each step reads its loss: the local run waits for every kernel of the eager program
+    assert both["pytorch"]["local_s"] >= w["device_s"] > 0
+    for p in w["points"]:
+        assert p["slowdowns"]["pytorch"] == pytest.approx(p["slowdown"])
+        assert set(p["slowdowns"]) == {"pytorch", "inproc"}
