@@ -13,8 +13,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="gpuremote.torch needs the [torch] extra")
 
 from gpuremote.bench.requirements import RequirementsConfig, run_requirements  # noqa: E402
-
 from gpuremote.bench.torch_local import _plain_cpu, on_local_gpu_s  # noqa: E402
+
 from gpuremote.tools.direct import TraceEntry, connect_torch  # noqa: E402
 from gpuremote.torch.models import train, workload  # noqa: E402
 
@@ -33,9 +33,8 @@ def test_the_local_baseline_runs_the_ops_at_once_and_traces_them() -> None:
 def _aten_ops(w: Any, device: str) -> list[str]:
     """The ATen ops of one training step of ``w`` on ``device`` (AdamW and the clipping on
     their multi-tensor paths, as on a GPU), after a warm-up step."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from gpuremote.bench.torch_ops import _step, _updater
+    from torch.utils._python_dispatch import TorchDispatchMode
 
     class Ops(TorchDispatchMode):
         def __init__(self) -> None:
