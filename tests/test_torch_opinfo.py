@@ -40,6 +40,8 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, An
             "-m",
             "gpuremote.torch.conformance",
             "--isolate",
+            "--jobs",
+            "2",  # (CI's two cores: the suite waits meanwhile)
             "--dtypes",
             "float32",
             "--json",
