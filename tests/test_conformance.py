@@ -7,6 +7,7 @@ The xfails file lists the tests that fail and why: each is one the reference imp
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -19,6 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SUITE = ROOT / "vendor" / "array-api-tests"
 XFAILS = Path(__file__).with_name("array_api_xfails.txt")
 EXAMPLES = int(os.environ.get("GPUREMOTE_ARRAY_API_EXAMPLES", "3"))
+
+XDIST = importlib.util.find_spec("xdist") is not None  # pytest-xdist (the [test] extra)
 
 pytestmark = pytest.mark.skipif(not SUITE.is_dir(), reason=f"the suite is not at {SUITE}")
 
@@ -37,6 +40,7 @@ def test_the_array_api_test_suite_passes(tmp_path: Path) -> None:
         [
             sys.executable, "-m", "pytest", "array_api_tests", "-q", "-p", "no:cacheprovider",
             f"--max-examples={EXAMPLES}", "--derandomize", "--hypothesis-disable-deadline",
+            *(["-n", "2"] if XDIST else []),  # (CI's two cores: the suite waits meanwhile)
             "--xfails-file", str(XFAILS), "-W", "ignore::DeprecationWarning",
         ],
         cwd=work, env=env, capture_output=True, text=True, timeout=1200,

@@ -80,6 +80,11 @@ SKIPPED = {
         "the set-up commands themselves: CI runs scripts/test.sh (which makes the venv that "
         "scripts/demo.sh uses); tests/test_cli.py runs `gpuremote demo` and `bench ping`"
     ),
+    "gpuremote bench requirements --transport emu+inproc --backend sim:a100 --workloads gpt2": (
+        "the same sweep (GPT-2 on the simulated A100, both modes, the PyTorch baseline beside "
+        "the in-process one) on a reduced grid, its figures checked: tests/test_torch_sweep.py"
+        "::test_the_requirements_sweep_takes_the_pytorch_workloads"
+    ),
     "import ray, gpuremote.pool": (
         "asks Ray for GPUs (num_gpus=1); examples/pool.py is the same without GPUs, and "
         "tests/test_pool.py runs the pool, pool:// and to_device on a local Ray instance"
