@@ -80,6 +80,11 @@ SKIPPED = {
         "the set-up commands themselves: CI runs scripts/test.sh (which makes the venv that "
         "scripts/demo.sh uses); tests/test_cli.py runs `gpuremote demo` and `bench ping`"
     ),
+    "gpuremote bench requirements --transport emu+inproc --backend sim:a100 --quick --json": (
+        "the same sweep (the async workloads over emu+inproc on the simulated A100, JSON and "
+        "the plot) on a reduced grid, its figures checked: tests/test_profiles.py"
+        "::test_bench_requirements_over_emu_inproc_json"
+    ),
     "gpuremote bench requirements --transport emu+inproc --backend sim:a100 --workloads gpt2": (
         "the same sweep (GPT-2 on the simulated A100, both modes, the PyTorch baseline beside "
         "the in-process one) on a reduced grid, its figures checked: tests/test_torch_sweep.py"
