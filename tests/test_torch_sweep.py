@@ -94,6 +94,30 @@ def test_a_local_gpu_runs_its_kernels_beside_the_host() -> None:
     assert on_local_gpu_s(trace, 30e-3) == pytest.approx(32e-3)
 
 
+def test_the_local_baseline_is_a_simulated_gpu_where_the_device_has_a_profile() -> None:
+    """A profile's device: PyTorch's host (the twin, measured) beside the trace's kernels;
+    any other: the program itself on the local CPU."""
+    from gpuremote.bench.torch_local import local_baseline
+
+    from gpuremote.backends import get_backend
+
+    w = workload("gpt2", "small")
+    torch.manual_seed(0)
+    model = w.make()
+    one_s_kernel = [TraceEntry("aten", "async", 0, 0, 1e-3, 0.0, kernel_s=1.0)]
+    read = [TraceEntry("copy_d2h", "sync", 0, 4, 0.0, 0.0)]
+    gpu = local_baseline(
+        w, "small", model, get_backend("sim:a100,compute=0"), one_s_kernel + read, 2
+    )
+    run = gpu.run(2)
+    assert run.wall >= 1.0 and len(gpu.host_runs_s) == 1 and 0 < gpu.host_runs_s[0] < 1.0
+    with pytest.raises(ValueError, match="2 steps"):
+        gpu.run(3)
+    cpu = local_baseline(w, "small", model, get_backend("numpy"), [], 2)
+    assert cpu.describe == "PyTorch on the local CPU"
+    assert 0 < cpu.run(2).wall < 1.0 and cpu.host_runs_s == []
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("compile", [None, "gpuremote"])
 def test_a_timing_only_device_runs_pytorch_and_times_it(compile: str | None) -> None:
