@@ -21,6 +21,7 @@ host's own arithmetic does not add to the device's time.
 
 from __future__ import annotations
 
+import mmap
 import queue
 import threading
 import time
@@ -132,7 +133,6 @@ class SimBackend(NumpyBackend):
         self.compute = compute
         self.queued_s = 0.0  # simulated device time queued so far (with a profile)
         self.waited_s = 0.0  # time spent waiting for the simulated device so far
-        self._zeros = _read_only_zeros(0)  # timing only: what every buffer is a view of
 
     def device_info(self) -> DeviceInfo:
         p = self.profile
@@ -153,15 +153,16 @@ class SimBackend(NumpyBackend):
         return self.queued_s, self.waited_s
 
     def alloc(self, nbytes: int, stream: Any = None) -> Any:
-        """Zeroed memory; timing only, a read-only view of one region of zeros: nothing is
-        ever written there (ops, copies and memsets take their time and do not run), so no
-        buffer needs bytes of its own, and zeroing each real-size buffer cost more than the
-        op that made it (a ResNet-18 step's allocations took 17% of its time)."""
-        if self.compute or self.profile is None:
+        """Zeroed memory, the buffer's own; timing only, a large one mapped from the kernel
+        (its pages zero, none touched: nothing is computed there). ``np.zeros`` would take
+        them from the C heap, where freed buffers go back, and clear them: at real sizes
+        that cost more than the ops (17% of a ResNet-18 step's samples)."""
+        if self.compute or self.profile is None or nbytes < _MAPPED:
             return super().alloc(nbytes, stream)
-        if nbytes > self._zeros.size:
-            self._zeros = _read_only_zeros(max(nbytes, 2 * self._zeros.size))
-        return self._zeros[:nbytes]
+        try:
+            return np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.uint8)
+        except (OSError, ValueError, OverflowError):
+            raise BackendError(f"out of memory allocating {nbytes} bytes") from None
 
     # -- the virtual clock (with a profile) -------------------------------------------------
     def _stamp(self, stream: Any, seconds: float) -> None:
@@ -307,15 +308,8 @@ class SimBackend(NumpyBackend):
         return bool(event.done.is_set())
 
 
-def _read_only_zeros(nbytes: int) -> np.ndarray[Any, Any]:
-    """``nbytes`` zeros that cannot be written (untouched pages of zeros: no memory of their
-    own until read, and then the kernel's zero page)."""
-    try:
-        zeros = np.zeros(nbytes, dtype=np.uint8)
-    except MemoryError:
-        raise BackendError(f"out of memory allocating {nbytes} bytes") from None
-    zeros.flags.writeable = False
-    return zeros
+#: timing only: buffers of this many bytes or more are mapped from the kernel
+_MAPPED = 1 << 16
 
 
 @dataclass(frozen=True)
