@@ -38,10 +38,8 @@ from gpuremote.tools.model import local_seconds
 from .points import _Run, _run_queue_s
 from .torch_ops import _step, _updater
 
-__all__ = ["BASELINES", "LocalBaseline", "local_baseline", "on_local_gpu_s"]
+__all__ = ["LocalBaseline", "local_baseline", "on_local_gpu_s"]
 
-#: the local baselines a sweep of the PyTorch workloads can be judged against
-BASELINES = ("pytorch", "inproc")
 #: the size whose CPU run stands for PyTorch's host, by the size the sweep runs (the small
 #: sizes are next to no compute already)
 TWIN = {"real": "tiny", "small": "small"}

@@ -25,10 +25,9 @@ the async workloads' sweep does): its helper does not nudge. Per point, its turn
 local run (PyTorch's, then the in-process one), a run over the bare link (no RTT, no limit:
 the software's own costs) and the point's run, and the model is given the point's measured
 costs, as for the async workloads (``gpuremote.bench.requirements``, whose functions judge
-the points). What was set up (two
-copies of a model of up to 124 M parameters, the compiled graphs) is frozen out of the
-garbage collector's way (``gc.freeze``): full collections over that heap took 0.3-0.6 s of a
-run at random before, and made eager runs swing by 2x.
+the points). What was set up (two copies of a model of up to 124 M parameters, the compiled
+graphs) is frozen out of the garbage collector's way (``gc.freeze``): full collections over
+that heap took 0.3-0.6 s of a run at random before, and made eager runs swing by 2x.
 """
 
 from __future__ import annotations
