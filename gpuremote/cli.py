@@ -95,6 +95,7 @@ def _session_limits(args: argparse.Namespace) -> SessionLimits:
         ("max_device_bytes", args.max_device_bytes),
         ("max_handles", args.max_handles),
         ("max_steps", args.max_steps),
+        ("max_templates", args.max_templates),
         ("graphs", args.graphs),
         ("max_compile_s", args.max_compile_s),
     )
@@ -356,6 +357,13 @@ _SERVE_OPTIONS = (
     _option("--max-device-bytes", type=int, default=None, help="per-session device memory limit"),
     _option("--max-handles", type=int, default=None, help="per-session handle limit"),
     _option("--max-steps", type=int, default=None, help="recorded steps a session may keep (256)"),
+    _option(
+        "--max-templates",
+        type=int,
+        default=None,
+        help="PyTorch op signatures a session may keep (65536; gpuremote.torch keeps its eager "
+        "ops' there, and sends later calls of each as places and floats)",
+    ),
     _option(
         "--graphs",
         choices=("fx", "inductor", "cudagraphs", "ops"),

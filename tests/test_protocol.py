@@ -105,6 +105,10 @@ def _value(kind: Arg, draw: Any, arrays: list[list[Any]]) -> Any:
     if kind is Arg.ATEN_ARGS:
         args = draw(st.lists(aten_values, max_size=4))
         return [args, draw(st.dictionaries(st.text(max_size=8), aten_values, max_size=3))]
+    if kind is Arg.PLACES:
+        return draw(st.lists(st.integers(0, 1 << 62), max_size=3).map(lambda v: v + v))
+    if kind is Arg.FLOATS:
+        return draw(st.lists(st.floats(allow_nan=False), max_size=3))
     if kind is Arg.STEP:  # a step of n launches of x -> a new buffer each, on its own table
         n = draw(st.integers(1, 3))
         table = [[1, 0, [4], "float32"], *([h, 0, [4], "float32"] for h in range(2, n + 2))]
@@ -142,7 +146,7 @@ def test_every_command_kind_round_trips(batch: Any) -> None:
                 assert [d.encode() for d in got] == [arrays[i] for i in sent]
             elif kind is Arg.KERNEL_ARGS:
                 assert len(got) == len(sent)
-            elif kind in (Arg.DIMS, Arg.HANDLES):
+            elif kind in (Arg.DIMS, Arg.HANDLES, Arg.PLACES, Arg.FLOATS):
                 assert list(got) == sent
             elif kind is Arg.TENSORS:
                 assert [d.encode() for d in got] == sent

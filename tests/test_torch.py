@@ -480,8 +480,8 @@ def test_devices_k_needs_a_pool_or_k_urls() -> None:
 @pytest.mark.slow
 def test_a_torch_session_survives_a_proxy_killed_mid_training(tmp_path: Any) -> None:
     """``failover=``: the session moves to the other proxy (buffers, the generator's state,
-    the calls since the checkpoint) and training goes on as if nothing happened, bitwise,
-    dropout included."""
+    the ops' templates, the calls since the checkpoint) and training goes on as if nothing
+    happened, bitwise, dropout included."""
     import os
     import signal
 
@@ -491,7 +491,7 @@ def test_a_torch_session_survives_a_proxy_killed_mid_training(tmp_path: Any) -> 
     w = workload("gpt2", "small")
 
     def run(url: str, kill: int, **options: Any) -> tuple[list[float], dict[str, Any]]:
-        with gt.connect(url, secret="s" * 32, **options):
+        with gt.connect(url, secret="s" * 32, **options) as conn:
             torch.manual_seed(0)
             model = w.make()
             for m in model.modules():
@@ -515,6 +515,9 @@ def test_a_torch_session_survives_a_proxy_killed_mid_training(tmp_path: Any) -> 
             state = {k: v.cpu() for k, v in model.state_dict().items()}
             if options:
                 assert gt.stats()["failovers"] == 1
+            # the steps after the first ran their ops by template, kept before the kill
+            # (checkpointed) and after it (journaled): the new proxy has them all
+            assert len(conn.drivers[0].templates) > 50
             return losses, state
 
     with (

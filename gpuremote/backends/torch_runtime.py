@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 __all__ = ["TorchRuntime"]
 
 
@@ -46,6 +48,11 @@ class TorchRuntime:
         where the backend can keep it)."""
         import torch
 
+        if tensor.is_contiguous():  # (the common case: its bytes as NumPy sees them)
+            try:
+                return tensor.numpy().reshape(-1).view(np.uint8)
+            except TypeError:  # a dtype NumPy has not (bfloat16)
+                pass
         return torch.empty(0, dtype=torch.uint8).set_(tensor.untyped_storage()).numpy()
 
     def run(

@@ -132,6 +132,9 @@ class SyncDriver:
         self.call_s = 0.0
         #: counters the front ends keep per session (``gpuremote.torch``'s compiled graphs)
         self.counters: dict[str, int] = {}
+        #: the ATen op signatures this session keeps on its proxy, by the front end's key
+        #: (``gpuremote.torch``: ``aten_template``), each to its handle there
+        self.templates: dict[Any, int] = {}
         self._helper = threading.Thread(target=self._help, name="gpuremote-xp", daemon=True)
         self._helper.start()
         _OPEN.add(self)

@@ -174,7 +174,7 @@ class SessionGenerator:
             data = bytes.fromhex(state)
             self.generator.set_state(torch.frombuffer(bytearray(data), dtype=torch.uint8))
         except (ValueError, RuntimeError) as exc:
-            raise CallFailed(f"not a state of this proxy's generator: {_first_line(exc)}") from None
+            raise CallFailed(f"not a state of this proxy's generator: {first_line(exc)}") from None
 
 
 class AtenSession:
@@ -216,6 +216,15 @@ class AtenSession:
             )
         }
         #: the tagged values named by a string: tag -> (name -> value, what it is)
+        #: the session's ATen templates by handle (``gpuremote.proxy.templates``)
+        self.templates: dict[int, Any] = {}
+        self.template_tensors = 0  # their operands and outputs, together
+        #: their operands' layouts (sizes, strides, dtype), each numbered once: the key of
+        #: a view of that layout among its buffer's views is ("t", its number, offset)
+        self.layout_ids: dict[tuple[Any, ...], int] = {}
+        #: ops run here by template, on views made here: a device that computes and is not
+        #: timed (else a template's call runs as the ``aten`` call it stands for)
+        self.by_template = self.runtime.computes and not self.timed
         self.named: dict[str, tuple[dict[str, Any], str]] = {
             "dtype": (self.dtypes, "dtype"),
             "layout": (self.layouts, "layout"),
@@ -289,11 +298,12 @@ class AtenSession:
             return typed.as_strided(sizes, strides, 0)
         return typed.as_strided(sizes, strides, offset // itemsize)
 
-    def decode(self, value: Any, tensors: Sequence[Any]) -> Any:
-        """An argument as the op takes it (tensors by index into ``tensors``)."""
+    def decode(self, value: Any, tensors: Sequence[Any], floats: Sequence[float] = ()) -> Any:
+        """An argument as the op takes it (tensors by index into ``tensors``; a template's
+        float arguments by index into ``floats``)."""
         t = type(value)
         if t is list:
-            return [self.decode(v, tensors) for v in value]
+            return [self.decode(v, tensors, floats) for v in value]
         if t is not dict:
             return value
         ((tag, x),) = value.items()
@@ -301,6 +311,10 @@ class AtenSession:
             if x >= len(tensors):
                 raise CallFailed(f"tensor {x} of {len(tensors)}")
             return tensors[x]
+        if tag == "f":
+            if x >= len(floats):
+                raise CallFailed(f"float argument {x} of {len(floats)} (only a template has any)")
+            return floats[x]
         if tag == "device":
             return self.device
         if tag == "c":
@@ -359,23 +373,18 @@ class AtenSession:
         args = [self.decode(a, tensors) for a in encoded[0]]
         kwargs = {k: self.decode(v, tensors) for k, v in encoded[1].items()}
         op = allowed.op
-        for i, arg_name in allowed.generators:  # the session's generator, always
-            generator = None if self.shapes_only else self.rng.generator
-            if i < len(args):
-                args[i] = generator
-            else:
-                kwargs[arg_name] = generator
-        try:
-            if self.shapes_only:
+        if self.shapes_only:
+            for i, arg_name in allowed.generators:  # (no generator: nothing is drawn)
+                if i < len(args):
+                    args[i] = None
+                else:
+                    kwargs[arg_name] = None
+            try:
                 result = self._on_shapes(name, op, args, kwargs)
-            elif allowed.random_without_generator:
-                result = self.rng.lent(op, args, kwargs)
-            elif self.device.type == "cpu" and name in _CPU_GAPS:
-                result = _CPU_GAPS[name](op, args, kwargs)
-            else:
-                result = op(*args, **kwargs)
-        except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError) as exc:
-            raise CallFailed(f"{type(exc).__name__}: {_first_line(exc)}") from None
+            except OP_ERRORS as exc:
+                raise CallFailed(f"{type(exc).__name__}: {first_line(exc)}") from None
+        else:
+            result = self.run_op(allowed, name, args, kwargs)
         made = self.new_tensors(allowed, result)
         if self.timed:
             self.work = self._work(op, args, kwargs, result, tensors, made)
@@ -384,6 +393,25 @@ class AtenSession:
                 self._shapes_seen.clear()
             self._shapes_seen[key] = (result, made, self.work)
         return allowed, result, made
+
+    def run_op(self, allowed: AllowedOp, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        """Run ``allowed`` (op ``name``) on a computing device, on arguments built already:
+        the session's generator where the op takes one (or lent); an error of the op's
+        arguments as ``CallFailed``."""
+        for i, arg_name in allowed.generators:  # the session's generator, always
+            if i < len(args):
+                args[i] = self.rng.generator
+            else:
+                kwargs[arg_name] = self.rng.generator
+        op = allowed.op
+        try:
+            if allowed.random_without_generator:
+                return self.rng.lent(op, args, kwargs)
+            if self.device.type == "cpu" and name in CPU_GAPS:
+                return CPU_GAPS[name](op, args, kwargs)
+            return op(*args, **kwargs)
+        except OP_ERRORS as exc:
+            raise CallFailed(f"{type(exc).__name__}: {first_line(exc)}") from None
 
     def shape_of(self, desc: TensorDesc, meta: bool = True) -> Any:
         """``tensor(desc)`` for a device that does not compute: a meta tensor of its layout
@@ -477,6 +505,8 @@ class AtenSession:
         s = self.state
         for d in outputs:
             s.check_new(s.buffers, d.handle, "buffer")
+        if len({d.handle for d in outputs}) != len(outputs):
+            raise CallFailed("an op's outputs must each have a handle of their own")
         self._room("outputs", sum(d.extent for d in outputs))
 
     def _room(self, what: str, nbytes: int) -> None:
@@ -649,7 +679,9 @@ def _histc_of_integers(op: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
 
 
 #: ops a GPU's kernels take and the CPU's do not (for some dtypes): how a CPU proxy runs them
-_CPU_GAPS = {"histc.default": _histc_of_integers}
+CPU_GAPS = {"histc.default": _histc_of_integers}
+#: what an op raises for arguments it does not take (its error goes to the client)
+OP_ERRORS = (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError)
 
 
 def _frozen(value: Any) -> Any:
@@ -662,6 +694,6 @@ def _frozen(value: Any) -> Any:
     return value
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0][:400] if text else type(exc).__name__

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from ..wire.calls import CALLS_BY_NAME, Arg, Resource
 from ..wire.protocol import BadCommandAt, Command, ErrorInfo, Reply
 from .handlers import HANDLERS
+from .handlers.aten import template_outputs
 from .handlers.steps import make_results
 from .state import (
     CALL_FAILURES,
@@ -127,6 +128,8 @@ class Executor(SessionState):
         elif name == "step_replay":
             with contextlib.suppress(StepError, *CALL_FAILURES):
                 make_results(self, args[0], args[2])
+        elif name == "aten_call":
+            template_outputs(self, args[0], args[2])
         if cmd.ack:
             replies.append(Reply(cmd.seq, True, None))
 

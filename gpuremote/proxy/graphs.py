@@ -39,7 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..wire.protocol import TENSOR_DTYPES, TensorDesc
-from .aten import _CPU_GAPS, AllowedOp, AtenSession, resolve_op
+from .aten import CPU_GAPS, AllowedOp, AtenSession, resolve_op
 from .state import CallFailed, SessionState
 from .steps import Binds, RecordedStep, StepError
 
@@ -123,7 +123,7 @@ class StepGraph:
             streams.add(call.stream)
             name, tensors, _, outputs = call.args
             resolve_op(name)  # (allowed: CallFailed if not)
-            if name in _CPU_GAPS:
+            if name in CPU_GAPS:
                 raise _NotGraphable(f"{name} runs by rules of its own on this device")
             for d in tensors:
                 nbytes = allocs.pop(d.handle, None)

@@ -117,6 +117,10 @@ class SessionLimits:
     #: "inductor" (compiled by the proxy's torch.compile), "ops" (call by call)
     graphs: str = "fx"
     max_compile_s: float = 600.0  # compile time a session's graphs may take, together
+    #: ATen op signatures kept at once (``aten_template``: ``gpuremote.torch``'s eager ops),
+    #: and their tensors' layouts, together (what they hold of the proxy's memory)
+    max_templates: int = 1 << 16
+    max_template_tensors: int = 1 << 19
 
 
 class BatchContext:

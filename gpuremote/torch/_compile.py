@@ -57,10 +57,13 @@ MAX_SIGNATURES = 16
 def counts(d: SyncDriver) -> dict[str, int]:
     """Session ``d``'s compiled graphs: ``graphs_recorded`` (signatures recorded and sent),
     ``graph_replays`` (runs by one ``step_replay``), ``graphs_eager`` (runs op by op: a
-    signature that cannot be recorded, and each recording's first run)."""
+    signature that cannot be recorded, and each recording's first run); and its eager ops'
+    ``templates`` (signatures kept on the proxy) and their ``template_tensors``."""
     c = d.counters
     if "graphs_recorded" not in c:
         c.update(graphs_recorded=0, graph_replays=0, graphs_eager=0)
+    if "templates" not in c:
+        c.update(templates=0, template_tensors=0)
     return c
 
 
@@ -305,6 +308,37 @@ def _constants_to_device(gm: torch.fx.GraphModule) -> None:
                 setattr(gm, node.target, value.to(DEVICE))
 
 
+_UNTRACED: list[bool] = []
+#: gpuremote's own machinery, which dynamo runs as it is and never traces: the device's
+#: kernels (Python: a compiled function's eager part, after a graph break, reaches them),
+#: the session under them, the proxy where it serves in this process (its models, in
+#: ``gpuremote.torch.models``, are traced as any module is)
+_NOT_TRACED = (
+    "gpuremote.torch._kernels",
+    "gpuremote.torch._dispatch",
+    "gpuremote.torch._encoding",
+    "gpuremote.torch._tensors",
+    "gpuremote.torch._transfers",
+    "gpuremote.torch._guard",
+    "gpuremote.core",
+    "gpuremote.session",
+    "gpuremote.wire",
+    "gpuremote.proxy",
+    "gpuremote.backends",
+    "gpuremote.transports",
+)
+
+
+def untraced() -> None:
+    """Tell dynamo to leave ``_NOT_TRACED`` alone (once; it is loaded by then)."""
+    if not _UNTRACED:
+        import torch._dynamo.trace_rules as rules
+
+        for name in _NOT_TRACED:
+            rules.add(name)
+        _UNTRACED.append(True)
+
+
 def backend(
     gm: torch.fx.GraphModule,
     example_inputs: Sequence[Any],
@@ -324,6 +358,7 @@ def backend(
         )
     from ._backend import dispatcher
 
+    untraced()
     compile_graph = _compiler(dispatcher.driver)
     # in-place updates of the inputs (an optimizer's step, batch norm's statistics) stay in
     # the graph (as ``copy_`` into them), not one call each after every replay

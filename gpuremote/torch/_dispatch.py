@@ -27,7 +27,7 @@ from ..core.driver import SyncDriver
 from ..errors import RemoteCallError
 from ..ops.aten import returns
 from ..wire.calls import CALLS_BY_NAME
-from ._encoding import Encoder
+from ._encoding import Encoder, with_holes
 from ._guard import current_device
 from ._tensors import (
     DEVICE,
@@ -45,6 +45,10 @@ __all__ = ["Dispatcher", "NeedsData", "contiguous_strides", "restride"]
 _C = CALLS_BY_NAME
 _ATEN, _ATEN_DYNAMIC, _ALLOC = _C["aten"], _C["aten_dynamic"], _C["alloc"]
 _ATEN_SHAPES = _C["aten_shapes"]
+_ATEN_TEMPLATE, _ATEN_CALL = _C["aten_template"], _C["aten_call"]
+#: the op signatures a session keeps on its proxy (below the proxy's ``max_templates``):
+#: past them, an op of a new signature goes whole, as an ``aten`` call
+_MOST_TEMPLATES = 1 << 14
 _SEED = _C["aten_seed"]
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 #: the tags of the ops whose results depend on the data (``nonzero``, ``.item()``)
@@ -338,26 +342,61 @@ class Dispatcher:
                 self._metas.clear()
             self._metas[key] = metas
         outputs: list[torch.Tensor | None] = []
-        descs: list[list[Any]] = []
+        handles: list[int] = []
         news, resized, counts = metas
         new_handle, release = d.session.new_handle, d._release
         for meta in news:
             if meta is None:  # an undefined tensor (a gradient not asked for)
                 outputs.append(None)
                 continue
-            sizes, strides, dtype, nbytes, name = meta
             handle = new_handle()
-            outputs.append(new_tensor(handle, nbytes, sizes, strides, dtype, index, release))
-            descs.append([handle, 0, sizes, strides, name])
-        operands = encode.descs
-        if resized:  # an out= tensor the op resizes (then described again)
-            for source, sizes, strides in resized:
-                restride(_argument(args, kwargs, source), sizes, strides)
-            operands = [describe(t) for t in tensors]
-        d.post(_ATEN, 0, [plan.name, operands, wire_args, descs])
+            outputs.append(new_tensor(handle, meta[3], meta[0], meta[1], meta[2], index, release))
+            handles.append(handle)
+        template = None
+        if not resized and d.recording is None:  # (a recorded step keeps whole calls)
+            template = d.templates.get(key) or self._template(d, key, plan, encode, wire_args, news)
+        if template:  # the op's signature is kept on the proxy: the places, the floats
+            d.post(_ATEN_CALL, 0, [template, encode.places, handles, encode.floats])
+        else:
+            operands = encode.descs
+            if resized:  # an out= tensor the op resizes (then described again)
+                for source, sizes, strides in resized:
+                    restride(_argument(args, kwargs, source), sizes, strides)
+                operands = [describe(t) for t in tensors]
+            made = [m for m in news if m is not None]
+            descs = [[h, 0, m[0], m[1], m[4]] for h, m in zip(handles, made, strict=True)]
+            d.post(_ATEN, 0, [plan.name, operands, wire_args, descs])
         if plan.one_new and counts == _ONE:  # the common case: one new tensor
             return outputs[0]
         return self._result(plan, args, kwargs, iter(outputs), counts)
+
+    def _template(
+        self,
+        d: SyncDriver,
+        key: Any,
+        plan: _Plan,
+        encode: Encoder,
+        wire_args: list[Any],
+        news: list[Any],
+    ) -> int:
+        """Keep the signature ``key`` of an op on the proxy (one ASYNC ``aten_template``):
+        the operands' layouts, its arguments with their floats left open, its outputs'
+        layouts. Its handle; 0 where the session keeps ``_MOST_TEMPLATES`` already (its
+        calls then go whole)."""
+        templates = d.templates
+        operands = [[0, 0, *desc[2:]] for desc in encode.descs]
+        made = [[0, 0, m[0], m[1], m[4]] for m in news if m is not None]
+        info = d.info  # (a proxy that keeps none announces no limit: calls go whole)
+        held = d.counters.get("template_tensors", 0) + len(operands) + len(made)
+        if len(templates) >= min(_MOST_TEMPLATES, info.get("max_templates", 0)) or held > (
+            info.get("max_template_tensors", 0) // 2
+        ):
+            return 0
+        handle = d.session.new_handle()
+        d.post(_ATEN_TEMPLATE, 0, [handle, plan.name, operands, with_holes(wire_args), made])
+        templates[key] = handle
+        d.counters.update(templates=len(templates), template_tensors=held)
+        return handle
 
     def _numbers_as_scalars(
         self, op: torch._ops.OpOverload, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -9,7 +10,13 @@ import torch
 
 from ._tensors import DEVICE, DTYPE_NAMES, SHIFT
 
-__all__ = ["Encoder"]
+__all__ = ["Encoder", "with_holes"]
+
+#: a float NaN, and the booleans, in an op's signature (each equals only itself there)
+_NAN, _TRUE, _FALSE = ("float", "nan"), ("bool", True), ("bool", False)
+#: this device (``gpuremote``, ``gpuremote:0``, by torch's type): an operand on it needs no
+#: other look (a ``torch.device``'s ``type`` makes a string each time it is read)
+_REMOTE = frozenset({torch.device("privateuseone"), torch.device("privateuseone", 0)})
 
 
 class Encoder:
@@ -17,6 +24,17 @@ class Encoder:
     ``{"t": i}`` into ``tensors`` (CPU scalars, which ATen takes beside device tensors, are
     ``upload``-ed first), dtypes, devices, layouts and memory formats by name; and the op's
     signature for the metadata cache, built on the way (``signature()``)."""
+
+    __slots__ = (
+        "cpu_indices",
+        "device_index",
+        "floats",
+        "floats_matter",
+        "places",
+        "sig",
+        "tensors",
+        "upload",
+    )
 
     def __init__(
         self,
@@ -36,40 +54,58 @@ class Encoder:
         #: metadata does not depend on it: an optimizer's step sizes change at every step)
         self.floats_matter = floats_matter
         self.sig: list[Any] = []
-        #: each tensor's wire form [handle, offset, sizes, strides, dtype], as encoded
-        self.descs: list[list[Any]] = []
+        #: where each tensor is: its buffer's handle and its offset in bytes, flat
+        self.places: list[int] = []
+        #: the float arguments' values, in order (a template's call sends them)
+        self.floats: list[float] = []
+
+    @property
+    def descs(self) -> list[list[Any]]:
+        """Each tensor's wire form [handle, offset, sizes, strides, dtype], as encoded."""
+        p = self.places
+        return [
+            [p[2 * i], p[2 * i + 1], list(t.shape), list(t.stride()), DTYPE_NAMES[t.dtype]]
+            for i, t in enumerate(self.tensors)
+        ]
 
     def __call__(self, a: Any) -> Any:
-        if a is None or type(a) in (bool, int, float, str):
-            self.sig.append(a if self.floats_matter or type(a) is not float else float)
+        t = type(a)
+        if a is None or t is int or t is str:
+            self.sig.append(a)
+            return a
+        if t is float:
+            # its type in the signature (2.0 == 2, and their ops' results differ); its value
+            # where it matters (NaN as one value: it equals nothing, itself included)
+            self.floats.append(a)
+            self.sig.append(float)
+            if self.floats_matter:
+                self.sig.append(a if a == a else _NAN)
+            return a
+        if t is bool:
+            self.sig.append(_TRUE if a else _FALSE)  # (True == 1)
             return a
         if isinstance(a, torch.Tensor):
-            if a.is_cpu or a.device.type != DEVICE:  # (is_remote, inlined: every operand)
+            device = a.device
+            if device not in _REMOTE and (a.is_cpu or device.type != DEVICE):  # (is_remote)
                 if not a.is_cpu or (a.dim() != 0 and not self.cpu_indices):
                     raise RuntimeError(
                         f"Expected all tensors to be on the same device, but found a {a.device} "
                         f"tensor of shape {list(a.shape)} beside {DEVICE} tensors"
                     )
                 a = self.upload(a)
-            elif self.device_index is not None and (a.device.index or 0) != self.device_index:
+            elif self.device_index is not None and (device.index or 0) != self.device_index:
                 raise RuntimeError(
                     "Expected all tensors to be on the same device, but found at least two "
                     f"devices, {DEVICE}:{self.device_index} and {a.device}!"
                 )
             if a.is_conj() or a.is_neg():  # lazy bits: the proxy's views are the bytes
                 a = a.resolve_conj().resolve_neg()
-            shape, stride, dtype = a.shape, a.stride(), a.dtype
             self.tensors.append(a)
-            self.descs.append(
-                [
-                    a.untyped_storage().data_ptr() >> SHIFT,
-                    a.storage_offset() * a.element_size(),
-                    list(shape),
-                    list(stride),
-                    DTYPE_NAMES[dtype],
-                ]
+            self.places += (
+                a.untyped_storage().data_ptr() >> SHIFT,
+                a.storage_offset() * a.element_size(),
             )
-            self.sig.append((tuple(shape), stride, dtype))
+            self.sig.append((tuple(a.shape), a.stride(), a.dtype))
             return {"t": len(self.tensors) - 1}
         if isinstance(a, (list, tuple)):
             self.sig.append("[")
@@ -115,12 +151,28 @@ class Encoder:
 
     def signature_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         self.sig = []
-        tensors = self.tensors
-        self.tensors = []
+        tensors, places, floats = self.tensors, self.places, self.floats
+        self.tensors, self.places, self.floats = [], [], []
         for a in args:
             self(a)
         for k, v in kwargs.items():
             self.sig.append(k)
             self(v)
-        self.tensors = tensors
+        self.tensors, self.places, self.floats = tensors, places, floats
         return tuple(self.sig)
+
+
+def with_holes(wire_args: list[Any]) -> list[Any]:
+    """An op's wire ``[args, kwargs]`` with each float as ``{"f": i}``, numbered in the order
+    the encoder met them (a template's: each call gives their values)."""
+    count = itertools.count()
+
+    def holes(v: Any) -> Any:
+        if type(v) is float:
+            return {"f": next(count)}
+        if type(v) is list:
+            return [holes(x) for x in v]
+        return v  # (a tagged value: a tensor, a dtype, a complex...)
+
+    args, kwargs = wire_args
+    return [[holes(v) for v in args], {k: holes(v) for k, v in kwargs.items()}]

@@ -24,7 +24,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from .limits import MAX_STEP_ARRAYS
+from .limits import MAX_STEP_ARRAYS, MAX_TENSORS
 
 __all__ = [
     "BUFFER",
@@ -69,6 +69,8 @@ class Arg(enum.Enum):
     STEP = "step"  # a recorded step: [arrays, commands, argument slots, result handles]
     TENSORS = "tensors"  # list of strided tensors [handle, offset, sizes, strides, dtype]
     ATEN_ARGS = "aten_args"  # an ATen op's [args, kwargs]; tensors as {"t": index}
+    PLACES = "places"  # flat list of [handle, offset] pairs: where a template's operands are
+    FLOATS = "floats"  # list of floats: the values of a template's float arguments
 
 
 class Resource(enum.Enum):
@@ -79,6 +81,7 @@ class Resource(enum.Enum):
     EVENT = "event"
     KERNEL = "kernel"
     STEP = "step"
+    TEMPLATE = "template"
 
 
 class Use(enum.Flag):
@@ -175,6 +178,7 @@ class CallSpec:
 _A, _S, _L = CallClass.ASYNC, CallClass.SYNC, CallClass.LOCAL
 _C, _W, _R, _F = Use.CREATES, Use.WRITES, Use.READS, Use.FREES
 _STREAM, _EVENT, _KERNEL, _STEP = Resource.STREAM, Resource.EVENT, Resource.KERNEL, Resource.STEP
+_TEMPLATE = Resource.TEMPLATE
 
 
 def _handle(use: Use, resource: Resource = Resource.BUFFER) -> tuple[Param, ...]:
@@ -395,6 +399,35 @@ CALLS: tuple[CallSpec, ...] = (
         (Param("op", Arg.NAME), Param("tensors", Arg.TENSORS, _R), Param("args", Arg.ATEN_ARGS)),
         "the layouts of the tensors an ATen op makes of these operands, by this device's "
         "kernel (run on copies of the operands it writes; nothing of the session changes)",
+    ),
+    CallSpec(
+        "aten_template",
+        76,
+        _A,
+        (
+            *_handle(_C, _TEMPLATE),
+            Param("op", Arg.NAME),
+            Param("operands", Arg.TENSORS),  # their layouts (handle and offset 0)
+            Param("args", Arg.ATEN_ARGS),  # a float argument as {"f": index}: given per call
+            Param("outputs", Arg.TENSORS),  # the layouts of the tensors it makes
+        ),
+        "keep an ATen op's call with these operand layouts, arguments and results under a "
+        "handle (checked once, here): ``aten_call`` runs it on operands named by place",
+        on_stream=False,
+    ),
+    CallSpec(
+        "aten_call",
+        77,
+        _A,
+        (
+            *_handle(_R, _TEMPLATE),
+            Param("operands", Arg.PLACES, _R | _W),
+            Param("outputs", Arg.HANDLES, _C, most=MAX_TENSORS),
+            Param("floats", Arg.FLOATS),
+        ),
+        "run an ATen op kept by ``aten_template`` on operands at these [handle, offset] "
+        "places, with these float arguments; each tensor it makes fills a new buffer",
+        random=True,
     ),
     CallSpec(
         "aten_seed",

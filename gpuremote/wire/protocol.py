@@ -455,6 +455,22 @@ def _check_handles(v: Any, name: str, ctx: DecodeContext, most: int = MAX_LIST) 
     return tuple([_int(h, name, 0, MAX_HANDLE) for h in v])
 
 
+def _check_places(v: Any, name: str, ctx: DecodeContext) -> tuple[int, ...]:
+    """A template's operands: ``[handle, offset]`` pairs, flat (bounds: the template's
+    layouts, on the proxy)."""
+    if type(v) is not list or len(v) > 2 * MAX_TENSORS or len(v) % 2:
+        raise BadCommand(
+            f"argument {name!r} must be a flat list of at most {MAX_TENSORS} [handle, offset]"
+        )
+    return tuple([_int(h, name, 0, MAX_HANDLE) for h in v])
+
+
+def _check_floats(v: Any, name: str, ctx: DecodeContext) -> tuple[float, ...]:
+    if type(v) is not list or len(v) > MAX_TENSORS or any(type(x) not in (float, int) for x in v):
+        raise BadCommand(f"argument {name!r} must be a list of at most {MAX_TENSORS} floats")
+    return tuple([float(x) for x in v])  # (an integral float may arrive as an int)
+
+
 def _check_size(v: Any, name: str, ctx: DecodeContext) -> int:
     return _int(v, name, 0, MAX_SIZE)
 
@@ -585,8 +601,9 @@ def _check_tensors(v: Any, name: str, ctx: DecodeContext) -> tuple[TensorDesc, .
     return tuple([check_tensor(t, f"{name}[{i}]", ctx.limits) for i, t in enumerate(v)])
 
 
-#: the tagged values of an ATen op's arguments: {tag: value}
-_ATEN_TAGS = frozenset({"t", "dtype", "device", "layout", "mf", "c"})
+#: the tagged values of an ATen op's arguments: {tag: value} (``f``: a template's float
+#: argument, by index into the floats of each call)
+_ATEN_TAGS = frozenset({"t", "dtype", "device", "layout", "mf", "c", "f"})
 
 
 def _check_aten_value(v: Any, name: str, depth: int) -> None:
@@ -611,7 +628,7 @@ def _check_aten_value(v: Any, name: str, depth: int) -> None:
         if tag == "c":
             if type(x) is not list or len(x) != 2 or any(type(p) is not float for p in x):
                 raise BadCommand(f"argument {name!r}: a complex is two floats")
-        elif tag in ("t", "device"):
+        elif tag in ("t", "device", "f"):
             _int(x, name, 0, MAX_TENSORS)
         elif type(x) is not str or len(x) > MAX_NAME:
             raise BadCommand(f"argument {name!r}: {tag} must be a short string")
@@ -729,6 +746,8 @@ _CHECKS = {
     Arg.STEP: _check_step,
     Arg.TENSORS: _check_tensors,
     Arg.ATEN_ARGS: _check_aten_args,
+    Arg.PLACES: _check_places,
+    Arg.FLOATS: _check_floats,
 }
 
 
@@ -850,6 +869,8 @@ def _typed_arg(p: Param) -> Any:
         Arg.BUFFER: _Index,
         Arg.PARAMS: Annotated[dict[_Name, _ParamValue], msgspec.Meta(max_length=MAX_PARAMS)],
         Arg.DIMS: _list_of(Annotated[int, msgspec.Meta(ge=1, le=1 << 31)], 3, 1),
+        Arg.PLACES: _list_of(_Handle, 2 * MAX_TENSORS),
+        Arg.FLOATS: _list_of(float, MAX_TENSORS),
     }.get(p.kind)
 
 
@@ -868,7 +889,8 @@ def _typed_args(
     convert = tuple(
         (i, p.kind)
         for i, p in enumerate(spec.args)
-        if p.kind in (Arg.ARRAY, Arg.ARRAYS, Arg.HANDLES, Arg.BUFFER, Arg.DIMS)
+        if p.kind
+        in (Arg.ARRAY, Arg.ARRAYS, Arg.HANDLES, Arg.BUFFER, Arg.DIMS, Arg.PLACES, Arg.FLOATS)
     )
     return msgspec.msgpack.Decoder(tuple[tuple(types)]).decode, convert  # type: ignore[misc]
 
@@ -927,7 +949,11 @@ def _decode_typed(
                 elif kind is Arg.BUFFER:
                     if v >= nbufs:
                         raise _NotTyped("a buffer index past the frame's")
-                else:  # HANDLES, DIMS
+                elif kind is Arg.PLACES:
+                    if len(v) % 2:
+                        raise _NotTyped("a place without its offset")
+                    values[i] = tuple(v)
+                else:  # HANDLES, DIMS, FLOATS
                     values[i] = tuple(v)
             args = tuple(values)
         if ack is False or ack is True:

@@ -24,6 +24,8 @@ def hello(s: SessionState, ctx: BatchContext, version: int, proof: str) -> Any:
         session=s.session_id,
         max_device_bytes=s.limits.max_device_bytes,
         max_handles=s.limits.max_handles,
+        max_templates=s.limits.max_templates,
+        max_template_tensors=s.limits.max_template_tensors,
         ops=sorted(OPS),
     )
     return info

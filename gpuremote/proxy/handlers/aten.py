@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from typing import Any
 
 from ...wire.protocol import TensorDesc
 from ..aten import AllowedOp, AtenSession, aten_session, resolve_op
-from ..state import CALL_FAILURES, BatchContext, Handler, SessionState
+from ..state import (
+    CALL_FAILURES,
+    BatchContext,
+    CallFailed,
+    Handler,
+    ReplayFailed,
+    SessionState,
+    UnknownHandle,
+)
+from ..templates import AtenTemplate, Refused
 
-__all__ = ["HANDLERS"]
+__all__ = ["HANDLERS", "template_outputs"]
 
 
 def _written(
@@ -114,6 +124,79 @@ def aten_shapes(
     return a.runtime.run(run, reads, [], ctx.stream, wait=True)
 
 
+def aten_template(
+    s: SessionState,
+    ctx: BatchContext,
+    handle: int,
+    op: str,
+    operands: tuple[TensorDesc, ...],
+    args: tuple[list[Any], dict[str, Any]],
+    outputs: tuple[TensorDesc, ...],
+) -> None:
+    a = aten_session(s)
+    templates = a.templates
+    try:
+        if handle in templates:
+            raise CallFailed(f"template handle {handle} is already in use")
+        if len(templates) >= s.limits.max_templates:
+            raise CallFailed(
+                f"this session keeps {len(templates)} ATen templates; the limit is "
+                f"{s.limits.max_templates}"
+            )
+        tensors = a.template_tensors + len(operands) + len(outputs)
+        if tensors > s.limits.max_template_tensors:
+            raise CallFailed(
+                f"this session's ATen templates would hold {tensors} tensors; the limit is "
+                f"{s.limits.max_template_tensors}"
+            )
+    except Exception as exc:
+        raise ReplayFailed(op, exc) from None  # (its error names the op)
+    a.template_tensors = tensors
+    try:
+        templates[handle] = AtenTemplate(a, op, operands, args, outputs)
+    except Exception as exc:
+        # each call of it fails as this did (as each ``aten`` call of it would)
+        templates[handle] = Refused(op, exc, outputs)
+        raise ReplayFailed(op, exc) from None
+
+
+def aten_call(
+    s: SessionState,
+    ctx: BatchContext,
+    handle: int,
+    places: tuple[int, ...],
+    outputs: tuple[int, ...],
+    floats: tuple[float, ...],
+) -> None:
+    a = aten_session(s)
+    template = _template(a, handle)
+    try:
+        if a.by_template:
+            template.run(a, s, ctx, places, outputs, floats)
+        else:  # a device that times its ops or does not compute: the call it stands for
+            try:
+                operands, encoded, made = template.plain(places, outputs, floats)
+            except BaseException:
+                template.alloc_missing(s, outputs)
+                raise
+            aten(s, ctx, template.name, operands, encoded, made)
+    except Exception as exc:
+        raise ReplayFailed(template.name, exc) from None
+
+
+def _template(a: AtenSession, handle: int) -> AtenTemplate | Refused:
+    template: AtenTemplate | Refused | None = a.templates.get(handle)
+    if template is None:
+        raise UnknownHandle(f"unknown ATen template handle {handle}")
+    return template
+
+
+def template_outputs(s: SessionState, handle: int, outputs: Sequence[int]) -> None:
+    """What a skipped ``aten_call`` would have made, made (empty)."""
+    if isinstance(s.aten, AtenSession) and handle in s.aten.templates:
+        s.aten.templates[handle].alloc_missing(s, outputs)
+
+
 def aten_seed(s: SessionState, ctx: BatchContext, seed: int) -> None:
     aten_session(s).rng.seed(seed)
 
@@ -130,6 +213,8 @@ HANDLERS: dict[str, Handler] = {
     "aten": aten,
     "aten_dynamic": aten_dynamic,
     "aten_shapes": aten_shapes,
+    "aten_template": aten_template,
+    "aten_call": aten_call,
     "aten_seed": aten_seed,
     "aten_rng_get": aten_rng_get,
     "aten_rng_set": aten_rng_set,

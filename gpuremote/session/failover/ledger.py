@@ -170,6 +170,8 @@ class Ledger:
         self.res: dict[tuple[str, int], bytes] = {}  # streams, events, kernels, steps
         self.step_results: dict[int, list[int]] = {}  # recorded step -> its results' bytes
         self.step_writes: dict[int, list[int]] = {}  # recorded step -> session buffers it writes
+        #: ATen template -> the bytes of each buffer its calls make
+        self.template_outputs: dict[int, list[int]] = {}
         self.dynamic = 0  # calls sized by their answer, not answered yet (sizes unknown)
         self.streams = False  # streams besides the default one were made
         #: the session's random generator on the proxy was used (its state is checkpointed)
@@ -376,6 +378,8 @@ def _handles(spec: CallSpec, i: int, arg: Any) -> list[int]:
         return list(arg)
     if kind is Arg.TENSORS:
         return [t[0] for t in arg]
+    if kind is Arg.PLACES:  # [handle, offset] pairs, flat
+        return list(arg[0::2])
     return [arg]
 
 
@@ -421,6 +425,15 @@ def _creates_step_results(ledger: Ledger, spec: CallSpec, args: list[Any], i: in
         ledger.dirty.add(h)
 
 
+def _creates_template_outputs(
+    ledger: Ledger, spec: CallSpec, args: list[Any], i: int, *_: Any
+) -> None:
+    template = next(j for j, r in spec.reads if r is Resource.TEMPLATE)
+    for h, n in zip(args[i], ledger.template_outputs.get(args[template], ()), strict=False):
+        ledger.live[h] = n
+        ledger.dirty.add(h)
+
+
 def _writes(ledger: Ledger, spec: CallSpec, args: list[Any], i: int, *_: Any) -> None:
     for h in _handles(spec, i, args[i]):
         ledger.write(h)
@@ -454,6 +467,10 @@ def _creates_resource(
         program = args[spec.position("program")]
         ledger.step_results[args[i]] = step_sizes(program)
         ledger.step_writes[args[i]] = step_writes(program)
+    elif kind == "template":  # the bytes of each buffer its calls make
+        ledger.template_outputs[args[i]] = [
+            extent(t[2], t[3], TENSOR_DTYPES[t[4]]) for t in args[spec.position("outputs")]
+        ]
 
 
 def _ends_resource(ledger: Ledger, spec: CallSpec, args: list[Any], i: int, *_: Any) -> None:
@@ -481,6 +498,8 @@ def _tracks(spec: CallSpec) -> list[tuple[Track, int]]:
             out.append((_creates_sized, i))
         elif any(r is Resource.STEP for _, r in spec.reads):
             out.append((_creates_step_results, i))
+        elif any(r is Resource.TEMPLATE for _, r in spec.reads):
+            out.append((_creates_template_outputs, i))
     host_data = any(p.kind is Arg.BUFFER for p in spec.args)
     for i, resource in spec.writes:
         if resource is Resource.BUFFER:

@@ -1,0 +1,417 @@
+"""ATen ops by template: how ``gpuremote.torch``'s eager ops run after the first of each kind.
+
+The first call of an op signature (the op, its operands' layouts, its other arguments, what
+it makes) is kept on the session (``aten_template``): checked once here, as an ``aten`` call
+is (the allow-list, the operands' layouts, the arguments' values), and turned into a plan of
+what to do per call. Each later call of that signature (``aten_call``) names the template,
+where its operands are (a ``[handle, offset]`` pair each), the handles of what it makes and
+the values of its float arguments (an optimizer's step size changes at every step): a few
+ints and floats, decoded by the typed lane of the protocol. Per call, each operand is still
+bounds-checked against its buffer before a view is made of it (the layout's reach is known,
+so the check is one comparison), the outputs' handles are checked to be new, and the op runs
+with the session's generator, in order on the call's stream, as an ``aten`` call would.
+
+A device that does not compute, or times its ops (``sim:``), runs a template's call as the
+``aten`` call it stands for (``plain``): the same results, without this path's savings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from ..wire.protocol import TENSOR_DTYPES, TensorDesc, extent
+from .aten import CPU_GAPS, OP_ERRORS, AtenSession, first_line, resolve_op
+from .state import CALL_FAILURES, BatchContext, CallFailed, SessionState
+
+__all__ = ["AtenTemplate", "Refused"]
+
+#: how a template's argument is made per call: an operand, a float, a constant (decoded
+#: once), or a value holding operands or floats (decoded per call)
+_TENSOR, _FLOAT, _CONSTANT, _DECODED = range(4)
+#: views kept per buffer, at most (as ``gpuremote.proxy.graphs`` keeps its inputs')
+_MAX_VIEWS = 1024
+
+
+class AtenTemplate:
+    """One kept ATen op call (see the module docstring)."""
+
+    __slots__ = (
+        "allowed",
+        "direct",
+        "encoded",
+        "kept",
+        "kwplan",
+        "layouts",
+        "n_floats",
+        "n_places",
+        "name",
+        "one_new",
+        "out_bytes",
+        "outputs",
+        "plan",
+        "written",
+    )
+
+    def __init__(
+        self,
+        a: AtenSession,
+        name: str,
+        operands: Sequence[TensorDesc],
+        encoded: tuple[list[Any], dict[str, Any]],
+        outputs: Sequence[TensorDesc],
+    ) -> None:
+        self.allowed = allowed = resolve_op(name)  # CallFailed: not on the allow-list
+        self.name = name
+        #: per operand: sizes, strides, dtype, itemsize, the bytes it reaches from its place,
+        #: the key of its buffer's flat view of that dtype (``AtenSession.strided``)
+        self.layouts = tuple(
+            (
+                d.sizes,
+                d.strides,
+                d.dtype,
+                TENSOR_DTYPES[d.dtype],
+                _reach(d),
+                ("torch", d.dtype),
+                a.layout_ids.setdefault((d.sizes, d.strides, d.dtype), len(a.layout_ids)),
+            )
+            for d in operands
+        )
+        self.n_places = 2 * len(operands)
+        #: per output: sizes, strides, dtype, the bytes of its buffer, torch's dtype, whether
+        #: it is dense (a tensor of it writes every byte of its buffer)
+        self.outputs = tuple(
+            (
+                d.sizes,
+                d.strides,
+                d.dtype,
+                _reach(d),
+                a.dtypes[d.dtype],
+                math.prod(d.sizes) * TENSOR_DTYPES[d.dtype] == _reach(d),
+            )
+            for d in outputs
+        )
+        #: the op as torch's C++ callable (what ``op(...)`` calls), where nothing is added to
+        #: its arguments (a generator) or done instead (``AtenSession.run_op``)
+        plain = not (allowed.generators or allowed.random_without_generator or name in CPU_GAPS)
+        self.direct = allowed.op._op if plain else None
+        #: the op makes one tensor (its one return, not an operand)
+        self.one_new = allowed.returns == [(False, False)] and len(outputs) == 1
+        self.out_bytes = sum(o[3] for o in self.outputs)
+        self.encoded = encoded
+        n = len(operands)
+        floats: list[int] = []
+        for v in (*encoded[0], *encoded[1].values()):
+            _indices(v, n, floats)
+        #: the floats each call gives (its float arguments' values)
+        self.n_floats = max(floats) + 1 if floats else 0
+        # checked once: the named values (dtypes, layouts), on stand-ins for the operands
+        a.decode(list(encoded[0]), [None] * n, [0.0] * self.n_floats)
+        a.decode(list(encoded[1].values()), [None] * n, [0.0] * self.n_floats)
+        self.plan = [_step(a, v) for v in encoded[0]]
+        self.kwplan = [(k, *_step(a, v)) for k, v in encoded[1].items()]
+        #: the operands the op writes (by their schema): the stream orders them as writes
+        written: set[int] = set()
+        args, kwargs = encoded
+        for i, arg_name in allowed.writes:
+            value = args[i] if i < len(args) else kwargs.get(arg_name)
+            written.update(_indices(value, n, []))
+        self.written = sorted(written)
+        #: per operand: its view may be kept with its buffer's (the op only reads it: it
+        #: cannot change the view's sizes, as an out= op resizing its output would)
+        self.kept = tuple(k not in written for k in range(n))
+
+    def __repr__(self) -> str:
+        return f"AtenTemplate({self.name}, {len(self.layouts)} operands)"
+
+    # -- a call ----------------------------------------------------------------------------
+    def check(self, places: Sequence[int], outputs: Sequence[int], floats: Sequence[float]) -> None:
+        """The call gives what this template takes (else ``CallFailed``)."""
+        if (
+            len(places) != 2 * len(self.layouts)
+            or len(outputs) != len(self.outputs)
+            or len(floats) != self.n_floats
+        ):
+            raise CallFailed(
+                f"{self.name}'s template takes {len(self.layouts)} operands, "
+                f"{len(self.outputs)} outputs and {self.n_floats} floats; the call gave "
+                f"{len(places) // 2}, {len(outputs)} and {len(floats)}"
+            )
+
+    def plain(
+        self, places: Sequence[int], outputs: Sequence[int], floats: Sequence[float]
+    ) -> tuple[tuple[TensorDesc, ...], tuple[list[Any], dict[str, Any]], tuple[TensorDesc, ...]]:
+        """The ``aten`` call's arguments this call stands for: operands, [args, kwargs]
+        (the floats in place), outputs."""
+        self.check(places, outputs, floats)
+        descs = []
+        for k, (sizes, strides, dtype, itemsize, *_) in enumerate(self.layouts):
+            offset = places[2 * k + 1]
+            if offset % itemsize:
+                raise CallFailed(f"operand {k} at offset {offset}: not a multiple of {itemsize}")
+            descs.append(TensorDesc(places[2 * k], offset, sizes, strides, dtype))
+        args, kwargs = self.encoded
+        encoded = (
+            [_filled(v, floats) for v in args],
+            {k: _filled(v, floats) for k, v in kwargs.items()},
+        )
+        made = tuple(
+            TensorDesc(h, 0, o[0], o[1], o[2]) for h, o in zip(outputs, self.outputs, strict=True)
+        )
+        return tuple(descs), encoded, made
+
+    def run(
+        self,
+        a: AtenSession,
+        s: SessionState,
+        ctx: BatchContext,
+        places: Sequence[int],
+        outputs: Sequence[int],
+        floats: Sequence[float],
+    ) -> None:
+        """Run one call of this template (a device that computes: ``a.by_template``)."""
+        try:
+            self._run(a, s, ctx, places, outputs, floats)
+        except BaseException:
+            self.alloc_missing(s, outputs)  # the client holds these handles whatever happened
+            raise
+
+    def _run(
+        self,
+        a: AtenSession,
+        s: SessionState,
+        ctx: BatchContext,
+        places: Sequence[int],
+        outputs: Sequence[int],
+        floats: Sequence[float],
+    ) -> None:
+        if len(places) != self.n_places or len(outputs) != len(self.outputs):
+            self.check(places, outputs, floats)
+        if len(floats) != self.n_floats:
+            self.check(places, outputs, floats)
+        buffers, views, strided, kept = s.buffers, s.views, a.strided, self.kept
+        tensors: list[Any] = []
+        reads: list[Any] = []
+        for k, (sizes, strides, dtype, itemsize, reach, key, lid) in enumerate(self.layouts):
+            handle, offset = places[2 * k], places[2 * k + 1]
+            own = views.get(handle)  # (a view kept there was checked when it was made)
+            if own is not None and kept[k]:
+                t = own.get(("t", lid, offset))
+                if t is not None:
+                    tensors.append(t)
+                    reads.append(buffers[handle])
+                    continue
+            end = offset + reach if reach else 0  # (0: no elements, no byte reached)
+            typed = None if own is None else own.get(key)  # the buffer as a flat tensor
+            if (
+                typed is None
+                or offset % itemsize
+                or end > s.nbytes[handle]  # (the buffer's bytes: it has a view, it is held)
+            ):
+                if offset % itemsize:
+                    raise CallFailed(
+                        f"operand {k} at offset {offset}: not a multiple of {itemsize}"
+                    )
+                t = strided(handle, offset, sizes, strides, dtype, end)  # (checks)
+            else:
+                t = typed.as_strided(sizes, strides, offset // itemsize if end else 0)
+            if kept[k]:
+                own = views.setdefault(handle, {})
+                if len(own) >= _MAX_VIEWS:  # (layouts after layouts: start over)
+                    own.clear()
+                own[("t", lid, offset)] = t
+            tensors.append(t)
+            reads.append(buffers[handle])
+        keep = a.runtime.keeps_results
+        if keep:
+            for h in outputs:
+                if h in buffers:
+                    s.check_new(buffers, h, "buffer")  # raises
+            if len(outputs) > 1 and len(set(outputs)) != len(outputs):
+                raise CallFailed("an op's outputs must each have a handle of their own")
+            if s.device_bytes + self.out_bytes > s.limits.max_device_bytes:
+                a._room("outputs", self.out_bytes)  # raises
+            held = len(buffers) + len(s.streams) + len(s.events) + len(s.kernels)
+            if outputs and held >= s.limits.max_handles:
+                s.check_new(buffers, outputs[0], "buffer")  # raises: the session's limit
+        else:
+            for h, o in zip(outputs, self.outputs, strict=True):
+                s.alloc(h, o[3])
+        writes = [reads[k] for k in self.written]
+        if not keep:
+            writes += [buffers[h] for h in outputs]
+        args = [
+            tensors[x]
+            if how == _TENSOR
+            else floats[x]
+            if how == _FLOAT
+            else x
+            if how == _CONSTANT
+            else a.decode(x, tensors, floats)
+            for how, x in self.plan
+        ]
+        kwargs = {
+            k: tensors[x]
+            if how == _TENSOR
+            else floats[x]
+            if how == _FLOAT
+            else x
+            if how == _CONSTANT
+            else a.decode(x, tensors, floats)
+            for k, how, x in self.kwplan
+        }
+        allowed, direct = self.allowed, self.direct
+
+        def job() -> None:
+            with a.isolated():
+                # the memory of the operands: a tensor the op made there is not its own
+                a.operand_memory = memory = {t.untyped_storage().data_ptr() for t in tensors}
+                if direct is None:
+                    result = a.run_op(allowed, self.name, args, kwargs)
+                else:
+                    try:
+                        result = direct(*args, **kwargs)
+                    except OP_ERRORS as exc:
+                        raise CallFailed(f"{type(exc).__name__}: {first_line(exc)}") from None
+                if self.one_new:
+                    made = [result] if result is not None else []
+                else:
+                    made = a.new_tensors(allowed, result)
+                if keep:
+                    self._keep(a, s, made, outputs, memory)
+                else:
+                    a.fill_outputs(self.name, made, self._descs(outputs))
+
+        a.runtime.run(job, reads, writes, ctx.stream)  # in order on the stream
+
+    def _descs(self, outputs: Sequence[int]) -> list[TensorDesc]:
+        return [
+            TensorDesc(h, 0, o[0], o[1], o[2]) for h, o in zip(outputs, self.outputs, strict=True)
+        ]
+
+    def _keep(
+        self,
+        a: AtenSession,
+        s: SessionState,
+        made: list[Any],
+        outputs: Sequence[int],
+        memory: set[int],
+    ) -> None:
+        """Each output's buffer: the tensor the op made, as it is, where it is laid out as
+        the template says (``AtenSession.keep_outputs``, with the layouts' facts known)."""
+        if len(made) != len(outputs):
+            a.keep_outputs(self.name, made, self._descs(outputs))  # raises, allocating them
+            return
+        adopt, device = a.runtime.adopt, a.device
+        copy: list[tuple[Any, TensorDesc]] = []
+        for r, h, (sizes, strides, dtype, nbytes, torch_dtype, dense) in zip(
+            made, outputs, self.outputs, strict=True
+        ):
+            storage = r.untyped_storage()
+            if (
+                dense
+                and r.dtype == torch_dtype
+                and r.stride() == strides
+                and tuple(r.shape) == sizes
+                and r.storage_offset() == 0
+                and storage.nbytes() == nbytes
+                and storage.data_ptr() not in memory
+                and r.device == device
+                and r._base is None
+            ):
+                s.adopt(h, adopt(r), nbytes)
+            else:
+                s.alloc(h, nbytes)
+                copy.append((r, TensorDesc(h, 0, sizes, strides, dtype)))
+        if copy:
+            a.fill_outputs(self.name, [r for r, _ in copy], [d for _, d in copy])
+
+    def alloc_missing(self, s: SessionState, outputs: Sequence[int]) -> None:
+        """Each output the call did not make, made (empty): later calls name them."""
+        _alloc_missing(s, outputs, self.outputs)
+
+
+class Refused:
+    """A template this proxy did not keep (its op is not allowed here, an argument it does
+    not take): each of its calls fails with that error, as each ``aten`` call of it would,
+    and makes its outputs (empty: the client holds their handles)."""
+
+    __slots__ = ("error", "name", "outputs")
+
+    def __init__(self, name: str, error: Exception, outputs: Sequence[TensorDesc]) -> None:
+        self.name = name
+        self.error = (
+            str(error) if isinstance(error, CallFailed) else f"{type(error).__name__}: {error}"
+        )
+        #: per output, as ``AtenTemplate.outputs``: its buffer's bytes last
+        self.outputs = tuple((d.sizes, d.strides, d.dtype, _reach(d)) for d in outputs)
+
+    def plain(self, places: Sequence[int], outputs: Sequence[int], floats: Sequence[float]) -> Any:
+        raise CallFailed(self.error)
+
+    def run(self, a: AtenSession, s: SessionState, ctx: BatchContext, *call: Any) -> None:
+        raise CallFailed(self.error)
+
+    def alloc_missing(self, s: SessionState, outputs: Sequence[int]) -> None:
+        _alloc_missing(s, outputs, self.outputs)
+
+
+def _alloc_missing(s: SessionState, outputs: Sequence[int], layouts: Sequence[Any]) -> None:
+    for h, o in zip(outputs, layouts, strict=False):
+        if h not in s.buffers:
+            with contextlib.suppress(*CALL_FAILURES):
+                s.alloc(h, o[3])
+
+
+def _indices(value: Any, n: int, floats: list[int]) -> list[int]:
+    """The operands ``value`` (a wire argument) names (each checked to be one of ``n``);
+    the indices of the floats it takes are added to ``floats``."""
+    t = type(value)
+    if t is list:
+        out: list[int] = []
+        for v in value:
+            out += _indices(v, n, floats)
+        return out
+    if t is dict:
+        ((tag, x),) = value.items()
+        if tag == "t":
+            if x >= n:
+                raise CallFailed(f"tensor {x} of {n}")
+            return [x]
+        if tag == "f":
+            floats.append(x)
+    return []
+
+
+def _holds(value: Any) -> bool:
+    """Whether a wire argument holds an operand or a float (else it is a constant)."""
+    if type(value) is list:
+        return any(_holds(v) for v in value)
+    return type(value) is dict and ("t" in value or "f" in value)
+
+
+def _step(a: AtenSession, value: Any) -> tuple[int, Any]:
+    """How argument ``value`` is made per call (see ``_TENSOR``...)."""
+    if type(value) is dict and "t" in value:
+        return _TENSOR, value["t"]
+    if type(value) is dict and "f" in value:
+        return _FLOAT, value["f"]
+    if not _holds(value):
+        return _CONSTANT, a.decode(value, ())
+    return _DECODED, value
+
+
+def _filled(value: Any, floats: Sequence[float]) -> Any:
+    """A wire argument with its floats in place."""
+    if type(value) is list:
+        return [_filled(v, floats) for v in value]
+    if type(value) is dict and "f" in value:
+        return floats[value["f"]]
+    return value
+
+
+def _reach(d: TensorDesc) -> int:
+    """The bytes a layout reaches from its first element (0: it has none)."""
+    return extent(d.sizes, d.strides, TENSOR_DTYPES[d.dtype])

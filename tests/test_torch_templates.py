@@ -1,0 +1,316 @@
+"""Eager ATen ops by template (``aten_template`` / ``aten_call``): the first call of an op
+signature keeps it on the proxy, later calls send places and floats only. The results equal
+the whole ``aten`` call's; a hostile template or call gets a clear error and its session
+and the others go on; a failover keeps the templates; the session's limit holds."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the proxy runs ATen ops with the [torch] extra")
+
+import gpuremote.torch as gt  # noqa: E402
+from gpuremote.core.driver import SyncDriver  # noqa: E402
+from gpuremote.errors import RemoteCallError  # noqa: E402
+from gpuremote.tools.proxyprocess import LocalProxy  # noqa: E402
+from gpuremote.wire.calls import BUFFER, CALLS_BY_NAME  # noqa: E402
+
+C = CALLS_BY_NAME
+ADD = [[{"t": 0}, {"t": 1}], {}]  # add.Tensor(t0, t1)
+
+
+@pytest.fixture(scope="module")
+def proxy_url() -> Iterator[str]:
+    with LocalProxy("tcp", "numpy") as p:
+        yield p.url
+
+
+@pytest.fixture
+def sessions(proxy_url: str) -> Iterator[tuple[SyncDriver, SyncDriver]]:
+    a, b = SyncDriver(proxy_url), SyncDriver(proxy_url)
+    try:
+        yield a, b
+    finally:
+        a.close()
+        b.close()
+
+
+def _upload(d: SyncDriver, values: list[float]) -> int:
+    data = np.asarray(values, dtype=np.float32)
+    h = d.session.new_handle()
+    d.post(C["alloc"], 0, [h, data.nbytes])
+    d.post(
+        C["copy_h2d"], 0, [[h, 0, [data.nbytes], "uint8"], BUFFER], memoryview(data.view(np.uint8))
+    )
+    return h
+
+
+def _read(d: SyncDriver, h: int, n: int) -> list[float]:
+    _, bufs = d.call(C["copy_d2h"], [[h, 0, [4 * n], "uint8"]])
+    return np.frombuffer(bufs[0], dtype=np.float32).tolist()
+
+
+def _layout(n: int) -> list[Any]:
+    return [0, 0, [n], [1], "float32"]
+
+
+def _template(d: SyncDriver, op: str = "add.Tensor", args: Any = ADD, n: int = 4) -> int:
+    t = d.session.new_handle()
+    d.post(C["aten_template"], 0, [t, op, [_layout(n), _layout(n)], args, [_layout(n)]])
+    return t
+
+
+def _error(d: SyncDriver) -> RemoteCallError:
+    with pytest.raises(RemoteCallError) as info:
+        d.call(C["device_synchronize"], [])
+    return info.value
+
+
+# -- the front end ----------------------------------------------------------------------------
+def test_eager_ops_after_the_first_go_by_template_and_equal_the_whole_calls() -> None:
+    """A step of eager ops (a float argument that changes per call among them) run twice:
+    once with templates, once with every call whole (``aten``); the same bits."""
+    import gpuremote.torch._dispatch as dispatch
+
+    def program() -> list[Any]:
+        torch.manual_seed(0)
+        x = torch.randn(8, 5, device="gpuremote")
+        w = torch.randn(5, 3, device="gpuremote", requires_grad=True)
+        opt = torch.optim.SGD([w], lr=0.1, momentum=0.9)
+        for step in range(4):
+            for g in opt.param_groups:
+                g["lr"] = 0.1 / (step + 1)  # a float that changes at each call
+            loss = torch.nn.functional.dropout(x @ w, 0.25).relu().sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return [w.detach().cpu(), loss.detach().cpu()]
+
+    with gt.connect_local("numpy") as conn:
+        templated = program()
+        d = conn.drivers[0]
+        assert d.templates  # the signatures kept on the proxy
+    most = dispatch._MOST_TEMPLATES
+    dispatch._MOST_TEMPLATES = 0  # every call whole
+    try:
+        with gt.connect_local("numpy") as conn:
+            whole = program()
+            assert not conn.drivers[0].templates
+    finally:
+        dispatch._MOST_TEMPLATES = most
+    for a, b in zip(templated, whole, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_numbers_of_other_types_are_other_signatures() -> None:
+    """``2 == 2.0 == True`` in Python, not to an op: ``x * 2`` after ``x * 2.0`` on integers
+    is an integer product (before, the second reused the first's signature and its
+    result's dtype, and the proxy refused the call); a NaN is one signature, not one a
+    call."""
+    with gt.connect_local("numpy") as conn:
+        x = torch.arange(4, device="gpuremote")
+        ints, floats, bools = x * 2, x * 2.0, x.mul(True)
+        assert (ints.dtype, floats.dtype, bools.dtype) == (torch.int64, torch.float32, torch.int64)
+        assert floats.cpu().tolist() == [0.0, 2.0, 4.0, 6.0]
+        assert ints.cpu().tolist() == [0, 2, 4, 6] and bools.cpu().tolist() == [0, 1, 2, 3]
+        y = torch.ones(3, device="gpuremote")
+        before = conn.stats()["templates"]
+        for _ in range(5):
+            z = torch.add(y, y, alpha=float("nan"))
+        assert conn.stats()["templates"] == before + 1
+        assert z.cpu().isnan().all()
+
+
+def test_a_template_call_on_a_timing_device_runs_as_its_whole_call() -> None:
+    """On ``sim:a100,compute=0`` (ops timed on shapes) a template's call runs as the ``aten``
+    call it stands for: the step's shapes and its time are there."""
+    with gt.connect_local("sim:a100,compute=0") as conn:
+        a = torch.ones(256, 256, device="gpuremote")
+        for _ in range(3):
+            b = (a @ a).relu()
+        assert conn.drivers[0].templates
+        assert b.shape == (256, 256)
+        conn.synchronize()
+
+
+# -- hostile templates and calls --------------------------------------------------------------
+def test_a_template_of_an_op_off_the_allow_list_is_refused_and_each_call_says_so(
+    sessions: tuple[SyncDriver, SyncDriver],
+) -> None:
+    d, other = sessions
+    x = _upload(d, [1, 2, 3, 4])
+    t = _template(d, "set_.source_Storage")
+    err = _error(d)
+    assert err.call == "aten_template" and "allow-list" in err.message
+    out = d.session.new_handle()
+    d.post(C["aten_call"], 0, [t, [x, 0, x, 0], [out], []])
+    err = _error(d)
+    assert err.call == "aten_call" and "allow-list" in err.message
+    # the session goes on, its output handle made: it may be freed
+    d.post(C["free"], 0, [out])
+    y = _upload(other, [5, 6, 7, 8])
+    _ok(other, y)
+
+
+def _ok(d: SyncDriver, h: int) -> int:
+    """A good template and call run in ``d``'s session; the template's handle."""
+    t = _template(d)
+    out = d.session.new_handle()
+    d.post(C["aten_call"], 0, [t, [h, 0, h, 0], [out], []])
+    before = _read(d, h, 4)
+    assert _read(d, out, 4) == [2 * v for v in before]
+    return t
+
+
+@pytest.mark.parametrize(
+    ("places", "outputs", "floats", "says"),
+    [
+        ([1, 0], [9], [], "takes 2 operands"),  # one operand short
+        ([1, 0, 1, 0], [], [], "takes 2 operands, 1 outputs"),  # no output
+        ([1, 0, 1, 0], [9], [0.5], "0 floats"),  # a float it does not take
+        ([1, 0, 1, 4], [9], [], "reaches byte 20"),  # past the buffer
+        ([1, 0, 1, 2], [9], [], "not a multiple of 4"),  # between elements
+        ([1, 0, 77, 0], [9], [], "unknown buffer handle 77"),  # not the session's
+        ([1, 0, 1, 0], [1], [], "already in use"),  # an output over an operand
+    ],
+)
+def test_a_bad_call_of_a_template_is_refused_and_the_session_goes_on(
+    sessions: tuple[SyncDriver, SyncDriver],
+    places: list[int],
+    outputs: list[int],
+    floats: list[float],
+    says: str,
+) -> None:
+    d, other = sessions
+    x = _upload(d, [1, 2, 3, 4])
+    assert x == 1
+    theirs = _upload(other, [9, 9, 9, 9])
+    t = _template(d)
+    d.post(C["aten_call"], 0, [t, places, [x + 100 if o == 9 else o for o in outputs], floats])
+    err = _error(d)
+    assert err.call == "aten_call" and err.op == "add.Tensor", err
+    assert says in err.message, err.message
+    assert _read(d, x, 4) == [1, 2, 3, 4]  # nothing of it written
+    _ok(d, x)
+    assert _read(other, theirs, 4) == [9, 9, 9, 9]
+    _ok(other, theirs)
+
+
+def test_an_unknown_template_is_an_unknown_handle(sessions: tuple[SyncDriver, SyncDriver]) -> None:
+    d, _ = sessions
+    x = _upload(d, [1, 2, 3, 4])
+    d.post(C["aten_call"], 0, [12345, [x, 0, x, 0], [x + 1], []])
+    err = _error(d)
+    assert err.kind == "UnknownHandle" and "template" in err.message
+    d.post(C["free"], 0, [x + 1])  # (not made: the template's outputs are unknown)
+    with pytest.raises(RemoteCallError):
+        d.call(C["device_synchronize"], [])
+    _ok(d, x)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        ([[{"t": 0}, {"t": 2}], {}], "tensor 2 of 2"),  # an operand it has not
+        ([[{"t": 0}, {"t": 1}], {"alpha": {"dtype": "nope"}}], "unsupported dtype"),
+    ],
+)
+def test_a_malformed_template_is_refused(
+    sessions: tuple[SyncDriver, SyncDriver], args: Any, says: str
+) -> None:
+    d, _ = sessions
+    x = _upload(d, [1, 2, 3, 4])
+    _template(d, args=args)
+    err = _error(d)
+    assert err.call == "aten_template" and says in err.message, err.message
+    _ok(d, x)
+
+
+def test_the_tensors_the_templates_hold_are_limited() -> None:
+    """A session's templates hold at most ``max_template_tensors`` layouts together; the
+    client keeps below half of what its proxy announces."""
+    from gpuremote.proxy.state import SessionLimits
+
+    limits = SessionLimits(max_template_tensors=10)
+    with gt.connect_local("numpy", session_limits=limits) as conn:
+        d = conn.drivers[0]
+        assert d.info["max_template_tensors"] == 10
+        a = torch.ones(4, device="gpuremote")  # fill_: 1 layout, kept
+        b = a + a  # 3 more: 4, kept
+        c = a * a  # 7: past half of 10, sent whole
+        e = a - a  # (and so on)
+        assert conn.stats()["templates"] == 2 and conn.stats()["template_tensors"] == 4
+        assert (b + c + e).cpu().tolist() == [3.0] * 4
+        t = d.session.new_handle()  # past the limit itself: refused, the session goes on
+        layouts = [[0, 0, [4], [1], "float32"]] * 7
+        d.post(C["aten_template"], 0, [t, "add.Tensor", layouts, ADD, layouts[:1]])
+        assert "would hold 12 tensors; the limit is 10" in _error(d).message
+        assert (a + a).cpu().tolist() == [2.0] * 4
+
+
+def test_the_sessions_templates_are_limited() -> None:
+    """Past ``serve --max-templates`` a template is refused with the limit named; the
+    session and the templates it keeps go on."""
+    with LocalProxy("tcp", "numpy", extra_args=("--max-templates", "2")) as p:
+        d = SyncDriver(p.url)
+        try:
+            x = _upload(d, [1, 2, 3, 4])
+            kept = _ok(d, x)
+            _ok(d, x)
+            _template(d)
+            err = _error(d)
+            assert err.call == "aten_template", err
+            assert "keeps 2 ATen templates; the limit is 2" in err.message
+            out = d.session.new_handle()
+            d.post(C["aten_call"], 0, [kept, [x, 0, x, 0], [out], []])
+            assert _read(d, out, 4) == [2, 4, 6, 8]
+        finally:
+            d.close()
+
+
+def test_outputs_naming_one_handle_twice_are_refused(
+    sessions: tuple[SyncDriver, SyncDriver],
+) -> None:
+    """An op's two new tensors under one handle: refused (whole or by template), nothing
+    kept twice; the session goes on."""
+    d, _ = sessions
+    x = _upload(d, [1, 2, 3, 4])
+    out = d.session.new_handle()
+    made = [out, 0, [4], [1], "float32"]
+    d.post(
+        C["aten"],
+        0,
+        [
+            "sort.default",
+            [[x, 0, [4], [1], "float32"]],
+            [[{"t": 0}], {}],
+            [
+                made,
+                [out, 0, [4], [1], "int64"],
+            ],
+        ],
+    )
+    assert "a handle of their own" in _error(d).message
+    t = d.session.new_handle()
+    d.post(
+        C["aten_template"],
+        0,
+        [
+            t,
+            "sort.default",
+            [_layout(4)],
+            [[{"t": 0}], {}],
+            [
+                _layout(4),
+                [0, 0, [4], [1], "int64"],
+            ],
+        ],
+    )
+    other = d.session.new_handle()
+    d.post(C["aten_call"], 0, [t, [x, 0], [other, other], []])
+    assert "a handle of their own" in _error(d).message
+    _ok(d, x)
