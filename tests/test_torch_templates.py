@@ -125,16 +125,42 @@ def test_numbers_of_other_types_are_other_signatures() -> None:
         assert z.cpu().isnan().all()
 
 
-def test_a_template_call_on_a_timing_device_runs_as_its_whole_call() -> None:
-    """On ``sim:a100,compute=0`` (ops timed on shapes) a template's call runs as the ``aten``
-    call it stands for: the step's shapes and its time are there."""
-    with gt.connect_local("sim:a100,compute=0") as conn:
-        a = torch.ones(256, 256, device="gpuremote")
-        for _ in range(3):
-            b = (a @ a).relu()
-        assert conn.drivers[0].templates
-        assert b.shape == (256, 256)
-        conn.synchronize()
+def test_a_timing_device_takes_the_same_time_by_template(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On ``sim:a100,compute=0`` (ops timed on their shapes) a template's first call runs
+    as the ``aten`` call it stands for, and its later calls take the work it found: the
+    device's time for a step is the same as with every call whole."""
+    import gpuremote.torch._dispatch as dispatch
+    from gpuremote.proxy.templates import AtenTemplate
+
+    timed: list[str] = []
+    run_timed = AtenTemplate.run_timed
+
+    def counted(self: AtenTemplate, *args: Any) -> None:
+        timed.append(self.name)
+        run_timed(self, *args)
+
+    monkeypatch.setattr(AtenTemplate, "run_timed", counted)
+
+    def device_time() -> float:
+        with gt.connect_local("sim:a100,compute=0") as conn:
+            a = torch.ones(512, 512, device="gpuremote")
+            w = torch.ones(512, 512, device="gpuremote", requires_grad=True)
+            for _ in range(3):
+                ((a @ w).relu() * 0.5).sum().backward()
+            conn.synchronize()
+            assert (len(conn.drivers[0].templates) > 3) == (dispatch._MOST_TEMPLATES > 0)
+            queued, _ = conn.drivers[0]._proxy.backend.timing()
+            return float(queued)
+
+    templated = device_time()
+    assert "mm.default" in timed and "relu.default" in timed  # (later calls, by their work)
+    most = dispatch._MOST_TEMPLATES
+    dispatch._MOST_TEMPLATES = 0  # every call whole
+    try:
+        whole = device_time()
+    finally:
+        dispatch._MOST_TEMPLATES = most
+    assert templated > 0 and templated == pytest.approx(whole, rel=1e-9)
 
 
 # -- hostile templates and calls --------------------------------------------------------------

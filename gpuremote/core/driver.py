@@ -145,7 +145,8 @@ class SyncDriver:
 
         async def open_() -> tuple[str, Session, dict[str, Any]]:
             if session is not None:
-                return session.url, session, {"backend": "local"}
+                # (what a proxy's handshake would announce: a direct session's limits)
+                return session.url, session, {"backend": "local", **getattr(session, "info", {})}
             target = url
             if serve is not None:  # a proxy of our own, on this loop (loads the proxy side)
                 from ..proxy import Proxy

@@ -196,8 +196,9 @@ class AtenSession:
         self.rng = SessionGenerator(torch, self.device)
         #: a simulated GPU times each op by its work (FLOPs as torch counts them, bytes)
         self.timed = self.runtime.profile is not None
-        #: the last op's (FLOPs, bytes moved, dtype), where ``timed``
+        #: the last op's (FLOPs, bytes moved, dtype), where ``timed``; the last taken
         self.work: tuple[float, float, Any] | None = None
+        self.last_work: tuple[float, float, Any] | None = None
         #: a device that times ops without computing them (``sim:a100,compute=0``): ops run
         #: on shapes alone (torch's meta tensors), what they make is left undefined
         self.shapes_only = not self.runtime.computes

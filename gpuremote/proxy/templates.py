@@ -24,7 +24,7 @@ from typing import Any
 
 from ..wire.protocol import TENSOR_DTYPES, TensorDesc, extent
 from .aten import CPU_GAPS, OP_ERRORS, AtenSession, first_line, resolve_op
-from .state import CALL_FAILURES, BatchContext, CallFailed, SessionState
+from .state import CALL_FAILURES, BatchContext, CallFailed, SessionState, UnknownHandle
 
 __all__ = ["AtenTemplate", "Refused"]
 
@@ -52,6 +52,7 @@ class AtenTemplate:
         "out_bytes",
         "outputs",
         "plan",
+        "work",
         "written",
     )
 
@@ -122,6 +123,9 @@ class AtenTemplate:
         #: per operand: its view may be kept with its buffer's (the op only reads it: it
         #: cannot change the view's sizes, as an out= op resizing its output would)
         self.kept = tuple(k not in written for k in range(n))
+        #: on a device that times ops on their shapes alone: the op's work (FLOPs, bytes,
+        #: dtype), as its first call found it (the same at every call: the shapes are)
+        self.work: tuple[float, float, Any] | None = None
 
     def __repr__(self) -> str:
         return f"AtenTemplate({self.name}, {len(self.layouts)} operands)"
@@ -328,6 +332,39 @@ class AtenTemplate:
         if copy:
             a.fill_outputs(self.name, [r for r, _ in copy], [d for _, d in copy])
 
+    def run_timed(
+        self,
+        a: AtenSession,
+        s: SessionState,
+        ctx: BatchContext,
+        places: Sequence[int],
+        outputs: Sequence[int],
+        floats: Sequence[float],
+    ) -> None:
+        """One call on a device that times ops on their shapes alone (``sim:...,compute=0``),
+        its work known (``work``): the operands' bounds checked, the outputs' buffers made,
+        the device's time for the work taken on the call's stream."""
+        assert self.work is not None
+        try:
+            self.check(places, outputs, floats)
+            nbytes = s.nbytes
+            for k, (_, _, _, itemsize, reach, *_) in enumerate(self.layouts):
+                handle, offset = places[2 * k], places[2 * k + 1]
+                n = nbytes.get(handle)
+                if n is None:
+                    raise UnknownHandle(f"unknown buffer handle {handle}")
+                if offset % itemsize or (reach and offset + reach > n):
+                    raise CallFailed(
+                        f"operand {k} at offset {offset} ({reach} bytes) lies outside buffer "
+                        f"{handle} of {n} bytes, or between its elements"
+                    )
+            for h, o in zip(outputs, self.outputs, strict=True):
+                s.alloc(h, o[3])
+        except BaseException:
+            self.alloc_missing(s, outputs)
+            raise
+        a.runtime.work(ctx.stream, *self.work)
+
     def alloc_missing(self, s: SessionState, outputs: Sequence[int]) -> None:
         """Each output the call did not make, made (empty): later calls name them."""
         _alloc_missing(s, outputs, self.outputs)
@@ -339,6 +376,7 @@ class Refused:
     and makes its outputs (empty: the client holds their handles)."""
 
     __slots__ = ("error", "name", "outputs")
+    work = None  # (never known: no call of it runs)
 
     def __init__(self, name: str, error: Exception, outputs: Sequence[TensorDesc]) -> None:
         self.name = name

@@ -79,7 +79,7 @@ def _timed(s: SessionState, ctx: BatchContext, a: AtenSession) -> None:
     """A simulated GPU takes the op's time (``SessionState.backend.profile``)."""
     if a.work is not None:
         a.runtime.work(ctx.stream, *a.work)
-        a.work = None
+        a.last_work, a.work = a.work, None
 
 
 def aten_dynamic(
@@ -173,13 +173,18 @@ def aten_call(
     try:
         if a.by_template:
             template.run(a, s, ctx, places, outputs, floats)
+        elif template.work is not None:  # (timed on shapes alone, its work known)
+            template.run_timed(a, s, ctx, places, outputs, floats)
         else:  # a device that times its ops or does not compute: the call it stands for
             try:
                 operands, encoded, made = template.plain(places, outputs, floats)
             except BaseException:
                 template.alloc_missing(s, outputs)
                 raise
+            a.last_work = None
             aten(s, ctx, template.name, operands, encoded, made)
+            if a.shapes_only and isinstance(template, AtenTemplate):
+                template.work = a.last_work  # (its shapes, so its work, are the same each call)
     except Exception as exc:
         raise ReplayFailed(template.name, exc) from None
 
