@@ -74,7 +74,7 @@ def _error(d: SyncDriver) -> RemoteCallError:
 def test_eager_ops_after_the_first_go_by_template_and_equal_the_whole_calls() -> None:
     """A step of eager ops (a float argument that changes per call among them) run twice:
     once with templates, once with every call whole (``aten``); the same bits."""
-    import gpuremote.torch._dispatch as dispatch
+    import gpuremote.torch._templates as templates
 
     def program() -> list[Any]:
         torch.manual_seed(0)
@@ -94,14 +94,14 @@ def test_eager_ops_after_the_first_go_by_template_and_equal_the_whole_calls() ->
         templated = program()
         d = conn.drivers[0]
         assert d.templates  # the signatures kept on the proxy
-    most = dispatch._MOST_TEMPLATES
-    dispatch._MOST_TEMPLATES = 0  # every call whole
+    most = templates._MOST_TEMPLATES
+    templates._MOST_TEMPLATES = 0  # every call whole
     try:
         with gt.connect_local("numpy") as conn:
             whole = program()
             assert not conn.drivers[0].templates
     finally:
-        dispatch._MOST_TEMPLATES = most
+        templates._MOST_TEMPLATES = most
     for a, b in zip(templated, whole, strict=True):
         assert torch.equal(a, b)
 
@@ -129,7 +129,7 @@ def test_a_timing_device_takes_the_same_time_by_template(monkeypatch: pytest.Mon
     """On ``sim:a100,compute=0`` (ops timed on their shapes) a template's first call runs
     as the ``aten`` call it stands for, and its later calls take the work it found: the
     device's time for a step is the same as with every call whole."""
-    import gpuremote.torch._dispatch as dispatch
+    import gpuremote.torch._templates as templates
     from gpuremote.proxy.templates import AtenTemplate
 
     timed: list[str] = []
@@ -148,18 +148,18 @@ def test_a_timing_device_takes_the_same_time_by_template(monkeypatch: pytest.Mon
             for _ in range(3):
                 ((a @ w).relu() * 0.5).sum().backward()
             conn.synchronize()
-            assert (len(conn.drivers[0].templates) > 3) == (dispatch._MOST_TEMPLATES > 0)
+            assert (len(conn.drivers[0].templates) > 3) == (templates._MOST_TEMPLATES > 0)
             queued, _ = conn.drivers[0]._proxy.backend.timing()
             return float(queued)
 
     templated = device_time()
     assert "mm.default" in timed and "relu.default" in timed  # (later calls, by their work)
-    most = dispatch._MOST_TEMPLATES
-    dispatch._MOST_TEMPLATES = 0  # every call whole
+    most = templates._MOST_TEMPLATES
+    templates._MOST_TEMPLATES = 0  # every call whole
     try:
         whole = device_time()
     finally:
-        dispatch._MOST_TEMPLATES = most
+        templates._MOST_TEMPLATES = most
     assert templated > 0 and templated == pytest.approx(whole, rel=1e-9)
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "aten_session",
     "check_recorded",
     "load_torch",
+    "op_work",
     "resolve_op",
 ]
 
@@ -388,7 +389,7 @@ class AtenSession:
             result = self.run_op(allowed, name, args, kwargs)
         made = self.new_tensors(allowed, result)
         if self.timed:
-            self.work = self._work(op, args, kwargs, result, tensors, made)
+            self.work = op_work(op, args, kwargs, result, tensors, made)
         if self.shapes_only:
             if len(self._shapes_seen) > 65536:
                 self._shapes_seen.clear()
@@ -442,32 +443,6 @@ class AtenSession:
             t = args[0]
             return False if t.dtype == torch.bool else (0.0 if t.is_floating_point() else 0)
         return op(*args, **kwargs)
-
-    def _work(
-        self,
-        op: Any,
-        args: list[Any],
-        kwargs: dict[str, Any],
-        result: Any,
-        tensors: Sequence[Any],
-        made: Sequence[Any],
-    ) -> tuple[float, float, Any]:
-        """What op ``op`` did: its FLOPs (by torch's formulas, for the ops that have one:
-        matrix products, convolutions, attention; 0 for the rest), the bytes of its operands
-        and what it made, and the dtype that sets the peak."""
-        from torch.utils.flop_counter import flop_registry
-
-        formula = flop_registry.get(op.overloadpacket)
-        flops = 0.0
-        if formula is not None:
-            try:
-                flops = float(formula(*args, **kwargs, out_val=result))
-            except Exception:  # a formula that does not take these arguments: untimed FLOPs
-                flops = 0.0
-        nbytes = float(sum(t.numel() * t.element_size() for t in (*tensors, *made)))
-        ref = made[0] if made else (tensors[0] if tensors else None)
-        dtype = _NUMPY_OF.get(str(ref.dtype), np.float32) if ref is not None else np.float32
-        return flops, nbytes, np.dtype(dtype)
 
     def new_tensors(self, allowed: AllowedOp, result: Any) -> list[Any]:
         """The tensors of ``result`` that the op made (not those it wrote into operands)."""
@@ -598,6 +573,32 @@ class AtenSession:
             else:
                 out.append(r)
         return out
+
+
+def op_work(
+    op: Any,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    result: Any,
+    tensors: Sequence[Any],
+    made: Sequence[Any],
+) -> tuple[float, float, Any]:
+    """What op ``op`` did: its FLOPs (by torch's formulas, for the ops that have one: matrix
+    products, convolutions, attention; 0 for the rest), the bytes of its operands and what it
+    made, and the dtype that sets the peak (a simulated GPU times the op by them)."""
+    from torch.utils.flop_counter import flop_registry
+
+    formula = flop_registry.get(op.overloadpacket)
+    flops = 0.0
+    if formula is not None:
+        try:
+            flops = float(formula(*args, **kwargs, out_val=result))
+        except Exception:  # a formula that does not take these arguments: untimed FLOPs
+            flops = 0.0
+    nbytes = float(sum(t.numel() * t.element_size() for t in (*tensors, *made)))
+    ref = made[0] if made else (tensors[0] if tensors else None)
+    dtype = _NUMPY_OF.get(str(ref.dtype), np.float32) if ref is not None else np.float32
+    return flops, nbytes, np.dtype(dtype)
 
 
 def check_recorded(state: SessionState, args: tuple[Any, ...], made: dict[int, int]) -> None:

@@ -27,8 +27,9 @@ from ..core.driver import SyncDriver
 from ..errors import RemoteCallError
 from ..ops.aten import returns
 from ..wire.calls import CALLS_BY_NAME
-from ._encoding import Encoder, with_holes
+from ._encoding import Encoder
 from ._guard import current_device
+from ._templates import keep
 from ._tensors import (
     DEVICE,
     DTYPE_NAMES,
@@ -45,10 +46,7 @@ __all__ = ["Dispatcher", "NeedsData", "contiguous_strides", "restride"]
 _C = CALLS_BY_NAME
 _ATEN, _ATEN_DYNAMIC, _ALLOC = _C["aten"], _C["aten_dynamic"], _C["alloc"]
 _ATEN_SHAPES = _C["aten_shapes"]
-_ATEN_TEMPLATE, _ATEN_CALL = _C["aten_template"], _C["aten_call"]
-#: the op signatures a session keeps on its proxy (below the proxy's ``max_templates``):
-#: past them, an op of a new signature goes whole, as an ``aten`` call
-_MOST_TEMPLATES = 1 << 14
+_ATEN_CALL = _C["aten_call"]
 _SEED = _C["aten_seed"]
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 #: the tags of the ops whose results depend on the data (``nonzero``, ``.item()``)
@@ -308,7 +306,7 @@ class Dispatcher:
             return op.redispatch(_CPU_KEYS, *args, **kwargs)
         tensors: list[torch.Tensor] = []
         if len(self.drivers) > 1:  # (each operand checked to be on the op's device)
-            index = self._index_of(args, kwargs)
+            index = _index_of(args, kwargs)
             encode = Encoder(
                 tensors, self._uploads[index], not plan.in_place, plan.cpu_indices, index
             )
@@ -354,7 +352,7 @@ class Dispatcher:
             handles.append(handle)
         template = None
         if not resized and d.recording is None:  # (a recorded step keeps whole calls)
-            template = d.templates.get(key) or self._template(d, key, plan, encode, wire_args, news)
+            template = d.templates.get(key) or keep(d, key, plan.name, encode, wire_args, news)
         if template:  # the op's signature is kept on the proxy: the places, the floats
             d.post(_ATEN_CALL, 0, [template, encode.places, handles, encode.floats])
         else:
@@ -369,34 +367,6 @@ class Dispatcher:
         if plan.one_new and counts == _ONE:  # the common case: one new tensor
             return outputs[0]
         return self._result(plan, args, kwargs, iter(outputs), counts)
-
-    def _template(
-        self,
-        d: SyncDriver,
-        key: Any,
-        plan: _Plan,
-        encode: Encoder,
-        wire_args: list[Any],
-        news: list[Any],
-    ) -> int:
-        """Keep the signature ``key`` of an op on the proxy (one ASYNC ``aten_template``):
-        the operands' layouts, its arguments with their floats left open, its outputs'
-        layouts. Its handle; 0 where the session keeps ``_MOST_TEMPLATES`` already (its
-        calls then go whole)."""
-        templates = d.templates
-        operands = [[0, 0, *desc[2:]] for desc in encode.descs]
-        made = [[0, 0, m[0], m[1], m[4]] for m in news if m is not None]
-        info = d.info  # (a proxy that keeps none announces no limit: calls go whole)
-        held = d.counters.get("template_tensors", 0) + len(operands) + len(made)
-        if len(templates) >= min(_MOST_TEMPLATES, info.get("max_templates", 0)) or held > (
-            info.get("max_template_tensors", 0) // 2
-        ):
-            return 0
-        handle = d.session.new_handle()
-        d.post(_ATEN_TEMPLATE, 0, [handle, plan.name, operands, with_holes(wire_args), made])
-        templates[key] = handle
-        d.counters.update(templates=len(templates), template_tensors=held)
-        return handle
 
     def _numbers_as_scalars(
         self, op: torch._ops.OpOverload, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -501,19 +471,6 @@ class Dispatcher:
                 out.resize_(result.shape)
             out.copy_(result)
         return outs[0] if len(outs) == 1 else tuple(outs)
-
-    def _index_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
-        for a in (*args, *kwargs.values()):
-            if is_remote(a):
-                return a.device.index or 0
-            if isinstance(a, (list, tuple)):
-                for x in a:
-                    if is_remote(x):
-                        return x.device.index or 0
-        device = kwargs.get("device")
-        if isinstance(device, torch.device) and device.index is not None:
-            return device.index
-        return current_device()
 
     def _infer(
         self, op: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -658,6 +615,22 @@ class Dispatcher:
 
 
 _NUMBERS = (bool, int, float, complex)
+
+
+def _index_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """The device index of an op's call: its first remote operand's, else its ``device=``'s,
+    else the current device."""
+    for a in (*args, *kwargs.values()):
+        if is_remote(a):
+            return a.device.index or 0
+        if isinstance(a, (list, tuple)):
+            for x in a:
+                if is_remote(x):
+                    return x.device.index or 0
+    device = kwargs.get("device")
+    if isinstance(device, torch.device) and device.index is not None:
+        return device.index
+    return current_device()
 
 
 def _layout(meta: Any) -> Any:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -10,7 +9,7 @@ import torch
 
 from ._tensors import DEVICE, DTYPE_NAMES, SHIFT
 
-__all__ = ["Encoder", "with_holes"]
+__all__ = ["Encoder"]
 
 #: a float NaN, and the booleans, in an op's signature (each equals only itself there)
 _NAN, _TRUE, _FALSE = ("float", "nan"), ("bool", True), ("bool", False)
@@ -160,19 +159,3 @@ class Encoder:
             self(v)
         self.tensors, self.places, self.floats = tensors, places, floats
         return tuple(self.sig)
-
-
-def with_holes(wire_args: list[Any]) -> list[Any]:
-    """An op's wire ``[args, kwargs]`` with each float as ``{"f": i}``, numbered in the order
-    the encoder met them (a template's: each call gives their values)."""
-    count = itertools.count()
-
-    def holes(v: Any) -> Any:
-        if type(v) is float:
-            return {"f": next(count)}
-        if type(v) is list:
-            return [holes(x) for x in v]
-        return v  # (a tagged value: a tensor, a dtype, a complex...)
-
-    args, kwargs = wire_args
-    return [[holes(v) for v in args], {k: holes(v) for k, v in kwargs.items()}]
