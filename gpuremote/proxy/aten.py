@@ -42,6 +42,7 @@ __all__ = [
     "SessionGenerator",
     "aten_session",
     "check_recorded",
+    "kept_as_is",
     "load_torch",
     "op_work",
     "resolve_op",
@@ -507,18 +508,14 @@ class AtenSession:
         copy: list[tuple[Any, TensorDesc]] = []
         for r, d in zip(made, outputs, strict=True):
             extent = d.extent
-            storage = r.untyped_storage()
-            if (
-                storage.data_ptr() not in self.operand_memory
-                and d.offset == 0
-                and tuple(r.shape) == d.sizes
-                and tuple(r.stride()) == d.strides
-                and r.storage_offset() == 0
-                and storage.nbytes() == extent
-                and self.dtypes[d.dtype] == r.dtype
-                and r.device == self.device
-                and r._base is None
-                and r.numel() * r.element_size() == extent  # dense: no byte unwritten
+            if d.offset == 0 and kept_as_is(
+                r,
+                d.sizes,
+                d.strides,
+                self.dtypes[d.dtype],
+                extent,
+                self.operand_memory,
+                self.device,
             ):
                 s.adopt(d.handle, self.runtime.adopt(r), extent)
             else:
@@ -573,6 +570,33 @@ class AtenSession:
             else:
                 out.append(r)
         return out
+
+
+def kept_as_is(
+    r: Any,
+    sizes: tuple[int, ...],
+    strides: tuple[int, ...],
+    dtype: Any,
+    nbytes: int,
+    operand_memory: set[int],
+    device: Any,
+) -> bool:
+    """Whether tensor ``r``, which an op made, may become a buffer of ``nbytes`` as it is:
+    laid out as the client's metadata says, from the first byte of memory of its own (no
+    operand's, not a view), every byte of which it covers (written by the op: nothing
+    another session left there can be read back)."""
+    storage = r.untyped_storage()
+    return bool(
+        r.dtype == dtype
+        and r.stride() == strides
+        and tuple(r.shape) == sizes
+        and r.storage_offset() == 0
+        and storage.nbytes() == nbytes
+        and r.numel() * r.element_size() == nbytes  # dense: no byte unwritten
+        and storage.data_ptr() not in operand_memory
+        and r.device == device
+        and r._base is None
+    )
 
 
 def op_work(

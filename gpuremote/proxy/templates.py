@@ -18,12 +18,11 @@ A device that does not compute, or times its ops (``sim:``), runs a template's c
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Sequence
 from typing import Any
 
 from ..wire.protocol import TENSOR_DTYPES, TensorDesc, extent
-from .aten import CPU_GAPS, OP_ERRORS, AtenSession, first_line, resolve_op
+from .aten import CPU_GAPS, OP_ERRORS, AtenSession, first_line, kept_as_is, resolve_op
 from .state import CALL_FAILURES, BatchContext, CallFailed, SessionState, UnknownHandle
 
 __all__ = ["AtenTemplate", "Refused"]
@@ -81,18 +80,9 @@ class AtenTemplate:
             for d in operands
         )
         self.n_places = 2 * len(operands)
-        #: per output: sizes, strides, dtype, the bytes of its buffer, torch's dtype, whether
-        #: it is dense (a tensor of it writes every byte of its buffer)
+        #: per output: sizes, strides, dtype, the bytes of its buffer, torch's dtype
         self.outputs = tuple(
-            (
-                d.sizes,
-                d.strides,
-                d.dtype,
-                _reach(d),
-                a.dtypes[d.dtype],
-                math.prod(d.sizes) * TENSOR_DTYPES[d.dtype] == _reach(d),
-            )
-            for d in outputs
+            (d.sizes, d.strides, d.dtype, _reach(d), a.dtypes[d.dtype]) for d in outputs
         )
         #: the op as torch's C++ callable (what ``op(...)`` calls), where nothing is added to
         #: its arguments (a generator) or done instead (``AtenSession.run_op``)
@@ -191,10 +181,12 @@ class AtenTemplate:
         outputs: Sequence[int],
         floats: Sequence[float],
     ) -> None:
-        if len(places) != self.n_places or len(outputs) != len(self.outputs):
-            self.check(places, outputs, floats)
-        if len(floats) != self.n_floats:
-            self.check(places, outputs, floats)
+        if (
+            len(places) != self.n_places
+            or len(outputs) != len(self.outputs)
+            or len(floats) != self.n_floats
+        ):
+            self.check(places, outputs, floats)  # raises, saying what the call gave
         buffers, views, strided, kept = s.buffers, s.views, a.strided, self.kept
         tensors: list[Any] = []
         reads: list[Any] = []
@@ -310,21 +302,10 @@ class AtenTemplate:
             return
         adopt, device = a.runtime.adopt, a.device
         copy: list[tuple[Any, TensorDesc]] = []
-        for r, h, (sizes, strides, dtype, nbytes, torch_dtype, dense) in zip(
+        for r, h, (sizes, strides, dtype, nbytes, torch_dtype) in zip(
             made, outputs, self.outputs, strict=True
         ):
-            storage = r.untyped_storage()
-            if (
-                dense
-                and r.dtype == torch_dtype
-                and r.stride() == strides
-                and tuple(r.shape) == sizes
-                and r.storage_offset() == 0
-                and storage.nbytes() == nbytes
-                and storage.data_ptr() not in memory
-                and r.device == device
-                and r._base is None
-            ):
+            if kept_as_is(r, sizes, strides, torch_dtype, nbytes, memory, device):
                 s.adopt(h, adopt(r), nbytes)
             else:
                 s.alloc(h, nbytes)
