@@ -163,6 +163,24 @@ def test_a_timing_device_takes_the_same_time_by_template(monkeypatch: pytest.Mon
     assert templated > 0 and templated == pytest.approx(whole, rel=1e-9)
 
 
+def test_what_a_proxy_answered_is_its_sessions_alone() -> None:
+    """What a proxy's kernel answers about a signature (``_fused_sdp_choice``, layouts the
+    meta kernels do not know) holds for its session only: a timing-only device's answer
+    (the math attention) is not what a CPU proxy's session computes by."""
+    q = torch.randn(2, 4, 16, 8, generator=torch.Generator().manual_seed(0))
+    expected = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    answers = []
+    for backend in ("sim:a100,compute=0", "numpy"):
+        with gt.connect_local(backend) as conn:
+            x = q.to("gpuremote")
+            got = torch.nn.functional.scaled_dot_product_attention(x, x, x, is_causal=True)
+            got = got.cpu()
+            metas = conn.drivers[0].metas
+            answers += [v for k, v in metas.items() if k[0].name == "_fused_sdp_choice.default"]
+    assert len(answers) == 2 and answers[0] != answers[1]  # (math; the CPU's flash kernel)
+    assert torch.equal(got, expected)
+
+
 # -- hostile templates and calls --------------------------------------------------------------
 def test_a_template_of_an_op_off_the_allow_list_is_refused_and_each_call_says_so(
     sessions: tuple[SyncDriver, SyncDriver],

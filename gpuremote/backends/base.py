@@ -107,6 +107,15 @@ class Backend(ReceivedMemory, abc.ABC):
         simulated device that times itself (``sim:a100``); (0, 0) where not known."""
         return 0.0, 0.0
 
+    def stream_time(self, stream: Any) -> float:
+        """Device seconds queued on ``stream`` so far, on a device that times itself; 0
+        where not known."""
+        return 0.0
+
+    def elapse(self, stream: Any, seconds: float) -> None:
+        """Queue ``seconds`` of device time on ``stream`` (a device that times itself, e.g.
+        ``sim:a100``; elsewhere nothing: real work takes its own time)."""
+
     def batch(self) -> contextlib.AbstractContextManager[Any]:
         """Context around running one batch (e.g. floating-point error settings)."""
         return contextlib.nullcontext()

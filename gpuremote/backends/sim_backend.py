@@ -63,6 +63,7 @@ class _Stream:
         self._cond = threading.Condition()
         self._queued = 0  # jobs put and not yet finished
         self.ready_at = 0.0  # with a profile: when the device finishes what was queued
+        self.queued_s = 0.0  # with a profile: device time queued on it so far
         self.error: BaseException | None = None  # the first failure, raised at the next wait
         self._thread = threading.Thread(target=self._device, name="gpuremote-sim", daemon=True)
         self._thread.start()
@@ -165,9 +166,17 @@ class SimBackend(NumpyBackend):
             raise BackendError(f"out of memory allocating {nbytes} bytes") from None
 
     # -- the virtual clock (with a profile) -------------------------------------------------
+    def stream_time(self, stream: Any) -> float:
+        return float(stream.queued_s)
+
+    def elapse(self, stream: Any, seconds: float) -> None:
+        if self.profile is not None:
+            self._stamp(stream, seconds)
+
     def _stamp(self, stream: Any, seconds: float) -> None:
         """Queue ``seconds`` of device time on ``stream``'s clock."""
         stream.ready_at = max(time.perf_counter(), stream.ready_at) + seconds
+        stream.queued_s += seconds
         self.queued_s += seconds
 
     def _put(self, stream: Any, job: Callable[[], None], seconds: float) -> None:

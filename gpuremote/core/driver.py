@@ -135,6 +135,9 @@ class SyncDriver:
         #: the ATen op signatures this session keeps on its proxy, by the front end's key
         #: (``gpuremote.torch``: ``aten_template``), each to its handle there
         self.templates: dict[Any, int] = {}
+        #: what the front end knows of its ops' outputs, by op signature, for this session
+        #: (``gpuremote.torch``: meta kernels' answers and its proxy's own)
+        self.metas: dict[Any, Any] = {}
         self._helper = threading.Thread(target=self._help, name="gpuremote-xp", daemon=True)
         self._helper.start()
         _OPEN.add(self)

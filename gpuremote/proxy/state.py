@@ -376,6 +376,9 @@ class SessionState:
             "run_thread_ns": sum(g.run_thread_ns for g in graphs),
             "replay_thread_ns": sum(g.replay_thread_ns for g in graphs),
             "compile_s": self.compile_s,
+            # on a device that times ops without computing them (``proxy.timedsteps``)
+            "timed_steps": sum(1 for st in self.steps.values() if st.timed),
+            "timed_replays": sum(st.timed.replays for st in self.steps.values() if st.timed),
         }
 
     def close(self) -> None:

@@ -78,6 +78,9 @@ class RecordedStep:
     #: how it replays, decided at its first replay (``gpuremote.proxy.graphs``): None (not
     #: yet), False (call by call), else its ``StepGraph``
     graph: Any = None
+    #: on a device that times ops without computing them: None (not decided), False (call
+    #: by call), else its ``TimedStep`` (``gpuremote.proxy.timedsteps``)
+    timed: Any = None
 
     @classmethod
     def from_program(

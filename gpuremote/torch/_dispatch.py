@@ -226,7 +226,8 @@ class Dispatcher:
         self.drivers: dict[int, SyncDriver] = {}
         self._connect_default = connect_default
         self._plans: dict[int, _Plan] = {}
-        #: (op, signature) -> the metadata of its new outputs, or the proxy's answer
+        #: (op, signature) -> the metadata of its new outputs as its meta kernel gives them
+        #: (for every session; a proxy's own answers are its session's: ``SyncDriver.metas``)
         self._metas: dict[Any, Any] = {}
         self._lock = threading.Lock()
         self.seed: int | None = None
@@ -323,22 +324,25 @@ class Dispatcher:
         if plan.dynamic:
             return self._dynamic(d, index, op, plan, tensors, wire_args, args, kwargs)
         key = (plan, tuple(encode.sig))  # (encode.signature())
-        metas = self._metas.get(key)
+        metas = d.metas.get(key)
         if metas is None:
-            numbers = self._numbers_as_scalars(op, plan, args, kwargs)
-            if numbers is not None:
-                return self.run(*numbers)
-            if plan.shapes_from_device is not None and plan.shapes_from_device(args, kwargs):
-                metas = self._ask_shapes(d, plan, wire_args, encode.descs)
-            else:
-                metas = self._infer(op, args, kwargs)
-                if metas is not None and self.check_layouts and not metas[1]:
-                    metas = self._checked(d, plan, wire_args, encode.descs, metas)
-            if metas is None:  # no meta kernel, or the shapes depend on the data
-                return self._dynamic(d, index, op, plan, tensors, wire_args, args, kwargs)
-            if len(self._metas) > 65536:
-                self._metas.clear()
-            self._metas[key] = metas
+            # a meta kernel's answer holds for every session; the proxy's, for its own
+            metas = self._metas.get(key)
+            if metas is None:
+                numbers = self._numbers_as_scalars(op, plan, args, kwargs)
+                if numbers is not None:
+                    return self.run(*numbers)
+                if plan.shapes_from_device is not None and plan.shapes_from_device(args, kwargs):
+                    metas = self._ask_shapes(d, plan, wire_args, encode.descs)
+                else:
+                    metas = self._infer(op, args, kwargs)
+                    if metas is not None and self.check_layouts and not metas[1]:
+                        metas = self._checked(d, plan, wire_args, encode.descs, metas)
+                    elif metas is not None:
+                        _bounded(self._metas)[key] = metas
+                if metas is None:  # no meta kernel, or the shapes depend on the data
+                    return self._dynamic(d, index, op, plan, tensors, wire_args, args, kwargs)
+            _bounded(d.metas)[key] = metas
         outputs: list[torch.Tensor | None] = []
         handles: list[int] = []
         news, resized, counts = metas
@@ -565,7 +569,7 @@ class Dispatcher:
         key = None
         if ask_once:
             key = (plan, Encoder(list(tensors), self._uploads[index]).signature_of(args, kwargs))
-            answer = self._metas.get(key)
+            answer = d.metas.get(key)  # (the proxy's answer: its session's alone)
             if answer is not None:
                 return answer
         n_new = sum(
@@ -610,11 +614,18 @@ class Dispatcher:
                 out.append(value)
         answer = _unreturn(out)
         if key is not None:
-            self._metas[key] = answer
+            _bounded(d.metas)[key] = answer
         return answer
 
 
 _NUMBERS = (bool, int, float, complex)
+
+
+def _bounded(cache: dict[Any, Any]) -> dict[Any, Any]:
+    """``cache``, emptied where it holds 65,536 answers (a program of endless signatures)."""
+    if len(cache) > 65536:
+        cache.clear()
+    return cache
 
 
 def _index_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:

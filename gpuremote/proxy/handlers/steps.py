@@ -12,6 +12,7 @@ from ..aten import aten_session, check_recorded
 from ..graphs import GraphCallError, StepGraph, graph_for, replay_graph
 from ..state import CALL_FAILURES, BatchContext, CallFailed, Handler, ReplayFailed, SessionState
 from ..steps import RecordedStep, StepError, rebind
+from ..timedsteps import TimedStep, timed_step
 from . import aten, launches, memory, streams
 
 __all__ = ["HANDLERS", "make_results"]
@@ -78,8 +79,10 @@ def step_replay(
             make_results(s, handle, results)
         raise
     try:
-        graph = _graph(s, step)
-        if graph is None:
+        timed = timed_step(s, step)
+        if timed is not None:
+            _run_timed(s, ctx, timed, step, binds)
+        elif (graph := _graph(s, step)) is None:
             _run(s, ctx, step, binds)
         else:
             _run_graph(s, ctx, graph, binds)
@@ -103,6 +106,24 @@ def _graph(s: SessionState, step: RecordedStep) -> StepGraph | None:
             return None
         return graph_for(s, aten_session(s), step)
     return graph if graph is not False else None
+
+
+def _run_timed(
+    s: SessionState, ctx: BatchContext, timed: TimedStep, step: RecordedStep, binds: Any
+) -> None:
+    """Replay ``step`` on a device that times ops without computing them: its first replay
+    call by call, noting the device time it queued; later ones by that time alone."""
+    if timed.seconds is None:
+        stream, backend = s.stream(timed.stream), s.backend
+        queued = backend.stream_time(stream)
+        _run(s, ctx, step, binds)
+        timed.seconds = backend.stream_time(stream) - queued
+        return
+    try:
+        timed.replay(s, step, binds)
+    except Exception as exc:
+        what = f"step {step.handle}"
+        raise ReplayFailed(what, CallFailed(f"{what}: {exc}")) from None
 
 
 def _run_graph(s: SessionState, ctx: BatchContext, graph: StepGraph, binds: Any) -> None:
