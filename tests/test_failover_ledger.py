@@ -99,6 +99,9 @@ def test_a_recorded_step_sizes_its_results_and_writes_what_it_closes_over() -> N
     _async(ledger, "step_replay", [100, [_desc(11)], [21]])
     assert ledger.live[21] == 32 and ledger.dirty == {7, 11, 21}
     assert ledger.res.keys() == {("step", 100)}
+    ledger.snapshot()
+    _async(ledger, "step_run", [100, [12], [22]])  # (the argument by its buffer alone)
+    assert ledger.live[22] == 32 and ledger.dirty == {7, 12, 22}
     _async(ledger, "step_free", [100])
     assert ledger.res == {} and ledger.step_writes == {}
 

@@ -240,6 +240,33 @@ def test_a_graph_replay_checks_its_arguments_bounds(driver: SyncDriver) -> None:
         d.call(C["device_synchronize"], [])
 
 
+def test_a_run_by_buffers_binds_each_where_its_argument_was_recorded(driver: SyncDriver) -> None:
+    """``step_run`` (what ``torch.compile``'s replays send): each argument by its buffer's
+    handle alone, at its recorded place; a wrong count, or a buffer too small, refused with
+    the replay's results made and the session going on."""
+    d = driver
+    x = _upload(d, np.array([1, 2, 3, 4], np.float32))
+    idx = _upload(d, np.array([3, 0], np.int64))
+    small = _upload(d, np.array([1, 2], np.float32))
+    step, _ = _gather_step(d, x, idx)
+    for _ in range(3):  # traced, then run as the graph
+        new = d.session.new_handle()
+        d.post(C["step_run"], 0, [step, [x, idx], [new]])
+        assert _read(d, new, 2) == [16.0, 1.0]
+    lost = d.session.new_handle()
+    d.post(C["step_run"], 0, [step, [x], [lost]])
+    with pytest.raises(RemoteCallError, match="takes 2 buffers; the run gave 1") as info:
+        d.call(C["device_synchronize"], [])
+    assert info.value.call == "step_run"
+    assert _read(d, lost, 2) == [0.0, 0.0]  # its result exists, as after a skip
+    d.post(C["step_run"], 0, [step, [small, idx], [d.session.new_handle()]])
+    with pytest.raises(RemoteCallError, match="reaches byte 16 of buffer"):
+        d.call(C["device_synchronize"], [])
+    again = d.session.new_handle()
+    d.post(C["step_run"], 0, [step, [x, idx], [again]])
+    assert _read(d, again, 2) == [16.0, 1.0]
+
+
 def test_the_compile_budget_spent_is_a_clear_error_and_the_proxy_serves_others() -> None:
     with LocalProxy(
         "tcp", "numpy", extra_args=("--graphs", "inductor", "--max-compile-s", "0")

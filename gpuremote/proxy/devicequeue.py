@@ -65,6 +65,7 @@ _KIND: dict[str, int] = {
     "copy_d2d": _COPY,
     "memset": _MEMSET,
     "step_replay": _REPLAY,
+    "step_run": _REPLAY,
     "step_record": _RECORD,
     "kernel_create": _UNBOUNDED,
     **dict.fromkeys(_WORKER_ONLY, _WORKER),

@@ -13,7 +13,7 @@ backward graph of ATen ops. Each of those graphs becomes a **recorded step**
   the recording (a node list: op names, tensor layouts, constants; no Python, no pickle) is
   sent once (``step_record``), in the same frame as those calls, and checked once on the
   proxy (ops on the allow-list, every operand within its buffer);
-- every later call with that signature sends one ``step_replay`` naming the recording, the
+- every later call with that signature sends one ``step_run`` naming the recording, the
   buffers of its tensor arguments and handles for what it makes: the outputs come back as new
   tensors at once (their layouts are known), and nothing waits.
 
@@ -42,9 +42,9 @@ from ._tensors import DEVICE, SHIFT, handle_of, is_remote, new_storage, tensor_o
 
 __all__ = ["MODES", "backend", "counts"]
 
-_RECORD, _REPLAY, _FREE_STEP = (
+_RECORD, _RUN, _FREE_STEP = (
     CALLS_BY_NAME["step_record"],
-    CALLS_BY_NAME["step_replay"],
+    CALLS_BY_NAME["step_run"],
     CALLS_BY_NAME["step_free"],
 )
 #: the ``mode``s of ``torch.compile`` the backend takes (each graph becomes a recorded
@@ -56,7 +56,7 @@ MAX_SIGNATURES = 16
 
 def counts(d: SyncDriver) -> dict[str, int]:
     """Session ``d``'s compiled graphs: ``graphs_recorded`` (signatures recorded and sent),
-    ``graph_replays`` (runs by one ``step_replay``), ``graphs_eager`` (runs op by op: a
+    ``graph_replays`` (runs by one ``step_run``), ``graphs_eager`` (runs op by op: a
     signature that cannot be recorded, and each recording's first run); and its eager ops'
     ``templates`` (signatures kept on the proxy) and their ``template_tensors``."""
     c = d.counters
@@ -112,7 +112,7 @@ class _Graph:
 
     # -- recording -------------------------------------------------------------------------
     def _record(
-        self, d: SyncDriver, key: Any, args: list[Any], slots: list[int], buffers: list[Any]
+        self, d: SyncDriver, key: Any, args: list[Any], slots: list[int], buffers: list[int]
     ) -> Any:
         c = counts(d)
         c["graphs_eager"] += 1
@@ -141,12 +141,13 @@ class _Graph:
         rec: Recording,
         args: list[Any],
         slots: list[int],
-        slot_buffers: list[Any],
+        slot_buffers: list[int],
         out: Any,
     ) -> _Recorded | None:
         """Send the recording of a run that returned ``out``; None where it cannot be
         replayed (it returns a host tensor it made). ``slot_buffers``: the arguments'
-        buffers (``_signature``)."""
+        buffers' handles (``_signature``), each a step's argument whole (a flat byte
+        array)."""
         storages = {handle_of(args[i]): i for i in slots}
         outputs: list[tuple[Any, ...]] = []
         buffers: list[int] = []
@@ -175,18 +176,22 @@ class _Graph:
             else:  # the session's own tensor (a constant of the graph)
                 outputs.append(("k", o))
         handle = d.session.new_handle()
-        program = rec.program(slot_buffers, results)
+        slot_descs = [
+            [h, 0, [args[i].untyped_storage().nbytes()], "uint8"]
+            for h, i in zip(slot_buffers, slots, strict=True)
+        ]
+        program = rec.program(slot_descs, results)
         d.post(_RECORD, 0, [handle, program])
         return _Recorded(handle, d, buffers, outputs)
 
     # -- replaying -------------------------------------------------------------------------
     def _replay(
-        self, recorded: _Recorded, args: list[Any], slots: list[int], slot_buffers: list[Any]
+        self, recorded: _Recorded, args: list[Any], slots: list[int], slot_buffers: list[int]
     ) -> Any:
         d = recorded.driver
         new_handle = d.session.new_handle
         results = [new_handle() for _ in recorded.buffers]
-        d.post(_REPLAY, 0, [recorded.handle, slot_buffers, results])
+        d.post(_RUN, 0, [recorded.handle, slot_buffers, results])
         counts(d)["graph_replays"] += 1
         index = args[slots[0]].device.index or 0
         storages = [
@@ -212,14 +217,14 @@ class _Graph:
 _MISSING: Any = object()
 
 
-def _signature(d: SyncDriver, args: Sequence[Any]) -> tuple[Any, list[int], list[Any]]:
+def _signature(d: SyncDriver, args: Sequence[Any]) -> tuple[Any, list[int], list[int]]:
     """The key of a call's recording (None: it cannot be recorded), the positions of the
-    arguments whose buffers a replay passes (one per buffer, in order), and those buffers,
-    each whole as a step's argument (a flat byte array), in one pass over the arguments."""
+    arguments whose buffers a replay passes (one per buffer, in order), and those buffers'
+    handles, in one pass over the arguments."""
     parts: list[Any] = [id(d)]
     seen: dict[int, int] = {}
     slots: list[int] = []
-    buffers: list[Any] = []
+    buffers: list[int] = []
     tensor = torch.Tensor
     for i, a in enumerate(args):
         if isinstance(a, tensor):
@@ -232,7 +237,7 @@ def _signature(d: SyncDriver, args: Sequence[Any]) -> tuple[Any, list[int], list
             if first is None:
                 seen[h] = i
                 slots.append(i)
-                buffers.append([h, 0, [nbytes], "uint8"])
+                buffers.append(h)
             parts.append((tuple(a.shape), a.stride(), a.storage_offset(), a.dtype, nbytes, first))
         elif isinstance(a, (int, float, bool, type(None), torch.SymInt)):
             parts.append((type(a), a if not isinstance(a, torch.SymInt) else int(a)))

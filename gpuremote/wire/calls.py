@@ -371,6 +371,19 @@ CALLS: tuple[CallSpec, ...] = (
         ),
         "run a recorded step on these argument arrays; its results become new buffers",
     ),
+    CallSpec(
+        "step_run",
+        63,
+        _A,
+        (
+            *_handle(_R, _STEP),
+            # each bound whole, as the step's argument recorded there is laid out
+            Param("buffers", Arg.HANDLES, _R | _W, most=MAX_STEP_ARRAYS),
+            Param("results", Arg.HANDLES, _C, most=MAX_STEP_ARRAYS),
+        ),
+        "run a recorded step on these buffers (one per argument, at its recorded place); "
+        "its results become new buffers",
+    ),
     CallSpec("step_free", 62, _A, _handle(_F, _STEP), "forget a recorded step", on_stream=False),
     # -- PyTorch (``gpuremote.torch``; the proxy runs ATen with torch) ----------------------
     CallSpec(

@@ -108,6 +108,30 @@ def _graph(s: SessionState, step: RecordedStep) -> StepGraph | None:
     return graph if graph is not False else None
 
 
+def step_run(
+    s: SessionState,
+    ctx: BatchContext,
+    handle: int,
+    buffers: tuple[int, ...],
+    results: tuple[int, ...],
+) -> None:
+    """``step_replay`` with each argument given by its buffer alone: bound where the step's
+    argument was recorded (its offset, shape and dtype), as the replay of that array."""
+    step = s.step(handle)
+    slots = step.slots
+    if len(buffers) != len(slots):
+        with contextlib.suppress(*CALL_FAILURES):  # its results exist, as after a skip
+            make_results(s, handle, results)
+        raise StepError(f"the step takes {len(slots)} buffers; the run gave {len(buffers)}")
+    args = tuple(
+        [
+            ArrayDesc(b, d.offset, d.shape, d.dtype, d.nbytes)
+            for b, d in zip(buffers, slots, strict=True)
+        ]
+    )
+    step_replay(s, ctx, handle, args, results)
+
+
 def _run_timed(
     s: SessionState, ctx: BatchContext, timed: TimedStep, step: RecordedStep, binds: Any
 ) -> None:
@@ -201,5 +225,6 @@ def _run(s: SessionState, ctx: BatchContext, step: RecordedStep, binds: Any) -> 
 HANDLERS: dict[str, Handler] = {
     "step_record": step_record,
     "step_replay": step_replay,
+    "step_run": step_run,
     "step_free": step_free,
 }
