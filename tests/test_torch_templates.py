@@ -164,21 +164,43 @@ def test_a_timing_device_takes_the_same_time_by_template(monkeypatch: pytest.Mon
 
 
 def test_what_a_proxy_answered_is_its_sessions_alone() -> None:
-    """What a proxy's kernel answers about a signature (``_fused_sdp_choice``, layouts the
-    meta kernels do not know) holds for its session only: a timing-only device's answer
-    (the math attention) is not what a CPU proxy's session computes by."""
-    q = torch.randn(2, 4, 16, 8, generator=torch.Generator().manual_seed(0))
-    expected = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
-    answers = []
+    """What a proxy's kernel answers about a signature (the layouts its meta kernel does not
+    know: eval-mode batch norm's saved statistics, empty on the CPU) holds for its session
+    only: a timing-only device's answer (the meta kernel's) is not a CPU proxy's session's.
+    (Before, the second session's op was refused: "the client expected float32 [3]".)"""
+    x = torch.randn(2, 3, 4, 4, generator=torch.Generator().manual_seed(0))
+    mean, var = torch.zeros(3), torch.ones(3)
+    expected = torch.nn.functional.batch_norm(x, mean, var, training=False)
+    saved = []
     for backend in ("sim:a100,compute=0", "numpy"):
         with gt.connect_local(backend) as conn:
-            x = q.to("gpuremote")
-            got = torch.nn.functional.scaled_dot_product_attention(x, x, x, is_causal=True)
-            got = got.cpu()
+            got = torch.nn.functional.batch_norm(
+                x.to("gpuremote"), mean.to("gpuremote"), var.to("gpuremote"), training=False
+            ).cpu()
             metas = conn.drivers[0].metas
-            answers += [v for k, v in metas.items() if k[0].name == "_fused_sdp_choice.default"]
-    assert len(answers) == 2 and answers[0] != answers[1]  # (math; the CPU's flash kernel)
+            saved += [v[0][1][0] for k, v in metas.items() if k[0].name.startswith("native_b")]
+    assert saved == [[3], [0]]  # (the meta kernel's statistics; the CPU's: none)
     assert torch.equal(got, expected)
+
+
+def test_a_timing_device_runs_attention_as_the_cpus_kernels_choose() -> None:
+    """``sim:a100,compute=0`` answers ``_fused_sdp_choice`` as the CPU's kernels would for
+    operands of those layouts (one fused attention op, as a GPU runs it), not as meta
+    tensors do (the math decomposition, a dozen ops); the fused op's FLOPs are counted."""
+    q = torch.randn(2, 4, 16, 8)
+    with gt.connect_local("sim:a100,compute=0") as conn:
+        x = q.to("gpuremote")
+        torch.nn.functional.scaled_dot_product_attention(x, x, x, is_causal=True).cpu()
+        names = {k[0].name for k in conn.drivers[0].metas}
+    assert "_scaled_dot_product_flash_attention_for_cpu.default" in names
+    assert not {"bmm.default", "_softmax.default"} & names
+    from gpuremote.proxy.aten import op_work
+
+    op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    m = q.to("meta")
+    made = list(op(m, m, m, 0.0, True))
+    flops, _, _ = op_work(op, [m, m, m, 0.0, True], {}, tuple(made), [m, m, m], made)
+    assert flops == 4 * 2 * 4 * 16 * 16 * 8  # (QK^T and PV: 2 FLOPs a multiply-add each)
 
 
 # -- hostile templates and calls --------------------------------------------------------------

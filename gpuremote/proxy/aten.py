@@ -443,6 +443,8 @@ class AtenSession:
         if name.startswith("_local_scalar_dense"):
             t = args[0]
             return False if t.dtype == torch.bool else (0.0 if t.is_floating_point() else 0)
+        if name == "_fused_sdp_choice.default":
+            return _fused_choice(torch, op, args, kwargs)
         return op(*args, **kwargs)
 
     def new_tensors(self, allowed: AllowedOp, result: Any) -> list[Any]:
@@ -599,6 +601,37 @@ def kept_as_is(
     )
 
 
+#: the attention ops whose FLOPs are their GPU siblings' (torch's counter has no formula for
+#: the CPU's fused kernels; the shapes mean the same)
+_FLOPS_AS = {
+    "_scaled_dot_product_flash_attention_for_cpu": "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_for_cpu_backward": (
+        "_scaled_dot_product_flash_attention_backward"
+    ),
+}
+#: the most bytes of host memory a timing-only device lays out to ask the CPU's kernels which
+#: attention they would run (beyond: the math decomposition, as meta tensors choose)
+_CHOICE_MAX_BYTES = 64 << 20
+
+
+def _fused_choice(torch: Any, op: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """``_fused_sdp_choice`` on a device that times ops without computing them: the CPU's
+    kernels' choice for operands of these layouts (a fused attention kernel where they have
+    one, as a GPU's PyTorch runs attention), not the meta tensors' (always the math
+    decomposition: a dozen ops where a GPU runs one or two)."""
+    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+    reach = sum(t.untyped_storage().nbytes() for t in tensors)
+    if reach > _CHOICE_MAX_BYTES:
+        return op(*args, **kwargs)
+
+    def on_host(a: Any) -> Any:
+        if not isinstance(a, torch.Tensor):
+            return a
+        return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype)  # (never read)
+
+    return op(*[on_host(a) for a in args], **{k: on_host(v) for k, v in kwargs.items()})
+
+
 def op_work(
     op: Any,
     args: list[Any],
@@ -612,7 +645,12 @@ def op_work(
     made, and the dtype that sets the peak (a simulated GPU times the op by them)."""
     from torch.utils.flop_counter import flop_registry
 
-    formula = flop_registry.get(op.overloadpacket)
+    packet = op.overloadpacket
+    formula = flop_registry.get(packet)
+    if formula is None and packet.__name__ in _FLOPS_AS:
+        import torch
+
+        formula = flop_registry.get(getattr(torch.ops.aten, _FLOPS_AS[packet.__name__]))
     flops = 0.0
     if formula is not None:
         try:
