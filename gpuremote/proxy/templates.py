@@ -151,10 +151,7 @@ class AtenTemplate:
             [_filled(v, floats) for v in args],
             {k: _filled(v, floats) for k, v in kwargs.items()},
         )
-        made = tuple(
-            TensorDesc(h, 0, o[0], o[1], o[2]) for h, o in zip(outputs, self.outputs, strict=True)
-        )
-        return tuple(descs), encoded, made
+        return tuple(descs), encoded, tuple(self._descs(outputs))
 
     def run(
         self,
