@@ -265,10 +265,14 @@ def _settled() -> None:
 
 
 def _median_trace(program: _Program, session: Any, steps: int, repeats: int) -> list[Any]:
-    """The calls of the median run of ``repeats`` recorded local runs of ``steps`` steps."""
+    """The calls of the median run of ``repeats`` recorded local runs of ``steps`` steps
+    (each run's client time counted from its start: the first one's first call would else
+    hold the set-up before it, ~70 ms for GPT-2, which the local baseline spreads as host
+    time over the device's idle start)."""
     runs: list[tuple[_Run, list[Any]]] = []
     for _ in range(max(1, repeats)):
         mark = len(session.trace)
+        session.restart_clock()
         run = program.run(steps, _local_snapshot)
         runs.append((run, list(session.trace[mark:])))
     del session.trace[:]

@@ -120,6 +120,12 @@ class DirectSession:
     def closed(self) -> bool:
         return self._closed
 
+    def restart_clock(self) -> None:
+        """Count the next call's client time (``gap_s``) from now: a recorded run that
+        starts after a pause (setting up, a garbage collection) begins with its own first
+        call, not with the pause."""
+        self._last = time.perf_counter()
+
     def count_local(self, n: int = 1, shadow_bytes: int = 0) -> None:
         self.counters.calls["local"] += n
         now = time.perf_counter()

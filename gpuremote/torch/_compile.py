@@ -25,6 +25,7 @@ runs eagerly for that signature, every time, as does a graph whose tensors are o
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -38,6 +39,7 @@ from ..core.driver import SyncDriver
 from ..core.recording import Recording
 from ..errors import ConnectionClosed
 from ..wire.calls import CALLS_BY_NAME
+from ._rewrites import constants_to_device, copies_as_one, lerps_restored, updates_in_place
 from ._tensors import DEVICE, SHIFT, handle_of, is_remote, new_storage, tensor_on
 
 __all__ = ["MODES", "backend", "counts"]
@@ -82,12 +84,28 @@ class _Recorded:
 
 class _Graph:
     """One FX graph of ATen ops (AOTAutograd's forward or backward) as the backend runs it:
-    called with the list of its arguments (AOTAutograd's boxed convention) or with them."""
+    called with the list of its arguments (AOTAutograd's boxed convention) or with them.
+    ``functional``: the graph as AOTAutograd wrote it, where ``gm`` updates the inputs at
+    ``written`` in place (``_rewrites``), for a call that passes one of those in a buffer
+    another argument shares."""
 
-    def __init__(self, gm: torch.fx.GraphModule, resolve: Callable[[int], SyncDriver]) -> None:
+    def __init__(
+        self,
+        gm: torch.fx.GraphModule,
+        resolve: Callable[[int], SyncDriver],
+        functional: torch.fx.GraphModule | None = None,
+        written: Sequence[int] = (),
+    ) -> None:
         #: boxed: an instance attribute, which the wrappers torch puts around it copy
         self._boxed_call = True
         self._gm = gm
+        self._functional = functional
+        self._written = tuple(written)
+        self._tensor_args = sum(
+            isinstance(n.meta.get("val"), torch.Tensor)
+            for n in gm.graph.nodes
+            if n.op == "placeholder"
+        )
         self._resolve = resolve
         self._recorded: dict[Any, _Recorded | None] = {}  # None: runs eagerly
         weakref.finalize(self, _free_all, self._recorded)
@@ -98,7 +116,7 @@ class _Graph:
         args = list(given[0]) if len(given) == 1 and type(given[0]) is list else list(given)
         first = next((a for a in args if is_remote(a)), None)
         if first is None:
-            return self._gm(*args)
+            return self._module(args)(*args)
         d = self._resolve(first.device.index or 0)
         key, slots, buffers = _signature(d, args)
         recorded = self._recorded.get(key, _MISSING) if key is not None else None
@@ -106,9 +124,25 @@ class _Graph:
             return self._record(d, key, args, slots, buffers)
         if recorded is None:
             counts(d)["graphs_eager"] += 1
-            return self._gm(*args)
+            return self._module(args, len(slots))(*args)
         assert isinstance(recorded, _Recorded)
         return self._replay(recorded, args, slots, buffers)
+
+    def _module(self, args: list[Any], buffers: int = -1) -> torch.fx.GraphModule:
+        """The graph to run on ``args`` (which name ``buffers`` distinct buffers, if known): the
+        functional one where an input it updates in place shares its buffer with another
+        argument (a signature's recording is made, and replayed, by the same graph)."""
+        if self._functional is None or buffers >= self._tensor_args:
+            return self._gm
+        storage_of: dict[int, int] = {}
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                ptr = a.untyped_storage().data_ptr()
+                storage_of[ptr] = storage_of.get(ptr, 0) + 1
+        for i in self._written:
+            if storage_of.get(args[i].untyped_storage().data_ptr(), 0) > 1:
+                return self._functional
+        return self._gm
 
     # -- recording -------------------------------------------------------------------------
     def _record(
@@ -117,12 +151,13 @@ class _Graph:
         c = counts(d)
         c["graphs_eager"] += 1
         if d.recording is not None:  # another thread records on this session: eagerly now
-            return self._gm(*args)
+            return self._module(args, len(slots))(*args)
         rec = Recording(True, user_line, threading.get_ident())
+        module = self._module(args, len(slots))
         with d.held():
             d.recording = rec
             try:
-                out = self._gm(*args)
+                out = module(*args)
             finally:
                 d.recording = None
             recorded = None
@@ -262,55 +297,17 @@ def _compiler(
     resolve: Callable[[int], SyncDriver],
 ) -> Callable[[torch.fx.GraphModule, Sequence[Any]], _Graph]:
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> _Graph:
-        _constants_to_device(gm)
-        _copies_as_one(gm)
-        return _Graph(gm, resolve)
+        constants_to_device(gm)
+        lerps_restored(gm)
+        functional = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+        written = updates_in_place(gm)
+        copies_as_one(gm)
+        if not written:
+            return _Graph(gm, resolve)
+        copies_as_one(functional)
+        return _Graph(gm, resolve, functional, written)
 
     return compile_graph
-
-
-def _copies_as_one(gm: torch.fx.GraphModule) -> None:
-    """The ``copy_`` of each updated value into its input (how AOTAutograd writes an
-    optimizer's step, or clipped gradients, back) as one ``_foreach_copy_`` where the
-    graph does no more with those inputs: one op on the proxy, not one per tensor."""
-    copy = torch.ops.aten.copy_.default
-    order = {node: i for i, node in enumerate(gm.graph.nodes)}
-    copies = [
-        n
-        for n in gm.graph.nodes
-        if n.target is copy
-        and not n.users
-        and len(n.args) == 2
-        and not n.kwargs
-        and n.args[0].op == "placeholder"
-        and all(order[u] < order[n] for u in n.args[0].users if u is not n)
-    ]
-    if len(copies) < 2 or len({c.args[0] for c in copies}) != len(copies):
-        return
-    with gm.graph.inserting_after(copies[-1]):
-        gm.graph.call_function(
-            torch.ops.aten._foreach_copy_.default,
-            ([c.args[0] for c in copies], [c.args[1] for c in copies]),
-        )
-    for c in copies:
-        gm.graph.erase_node(c)
-    gm.recompile()
-
-
-def _constants_to_device(gm: torch.fx.GraphModule) -> None:
-    """The graph's host tensor constants that meet device tensors, moved to the device
-    once (else each run would upload them, and a step cannot hold an upload)."""
-    for node in gm.graph.nodes:
-        if node.op != "get_attr":
-            continue
-        value = getattr(gm, node.target, None)
-        if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.dim() == 0:
-            users_on_device = any(
-                isinstance(u.meta.get("val"), torch.Tensor) and u.meta["val"].device.type == DEVICE
-                for u in node.users
-            )
-            if users_on_device:
-                setattr(gm, node.target, value.to(DEVICE))
 
 
 _UNTRACED: list[bool] = []
