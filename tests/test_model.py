@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -51,6 +52,24 @@ async def test_trace_records_classes_bytes_and_times() -> None:
     assert trace[1].bytes_out == 4000 and trace[3].bytes_in == 4000
     assert trace[4].shadow_bytes == 4000
     assert all(t.gap_s >= 0 and t.device_s >= 0 for t in trace)
+    await gpu.aclose()
+
+
+async def test_a_recorded_run_counts_its_client_time_from_its_start() -> None:
+    """A pause before a recorded run (setting up, a collection) is not its first call's
+    client time once the clock is restarted (``bench requirements``' local baseline spreads
+    that time as PyTorch's host time)."""
+    gpu = connect_direct("numpy")
+    session = gpu._session  # type: ignore[attr-defined]
+    x = gpu.asarray(np.ones(4, np.float32))
+    time.sleep(0.05)
+    y = gpu.exp(x)
+    time.sleep(0.05)
+    session.restart_clock()
+    z = gpu.exp(x)
+    paused, restarted = (t.gap_s for t in session.trace if t.call == "launch_new")
+    del y, z
+    assert paused >= 0.05 > 0.01 > restarted
     await gpu.aclose()
 
 
