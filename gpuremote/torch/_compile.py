@@ -40,7 +40,7 @@ from ..core.recording import Recording
 from ..errors import ConnectionClosed
 from ..wire.calls import CALLS_BY_NAME
 from ._rewrites import constants_to_device, copies_as_one, lerps_restored, updates_in_place
-from ._tensors import DEVICE, SHIFT, handle_of, is_remote, new_storage, tensor_on
+from ._tensors import SHIFT, handle_of, is_remote, new_storage, tensor_on
 
 __all__ = ["MODES", "backend", "counts"]
 
@@ -238,12 +238,13 @@ class _Graph:
             kind = o[0]
             if kind == "r":
                 _, i, offset, sizes, strides, dtype = o
-                out.append(tensor_on(storages[i], offset, sizes, strides, dtype))
+                out.append(tensor_on(storages[i], offset, sizes, strides, dtype, index))
             elif kind == "a":
                 out.append(args[o[1]])
             elif kind == "v":
                 _, k, offset, sizes, strides, dtype = o
-                out.append(tensor_on(args[k].untyped_storage(), offset, sizes, strides, dtype))
+                storage = args[k].untyped_storage()
+                out.append(tensor_on(storage, offset, sizes, strides, dtype, index))
             else:
                 out.append(o[1])
         return out
@@ -255,27 +256,30 @@ _MISSING: Any = object()
 def _signature(d: SyncDriver, args: Sequence[Any]) -> tuple[Any, list[int], list[int]]:
     """The key of a call's recording (None: it cannot be recorded), the positions of the
     arguments whose buffers a replay passes (one per buffer, in order), and those buffers'
-    handles, in one pass over the arguments."""
+    handles, in one pass over the arguments. (Every tensor of a graph is on one device, or
+    a host scalar: ``is_cpu`` is the one test of where it lies.)"""
     parts: list[Any] = [id(d)]
     seen: dict[int, int] = {}
     slots: list[int] = []
     buffers: list[int] = []
-    tensor = torch.Tensor
+    tensor, plain = torch.Tensor, (int, float, bool, type(None))
+    append = parts.append
     for i, a in enumerate(args):
         if isinstance(a, tensor):
-            if a.device.type != DEVICE:
+            if a.is_cpu:
                 return None, slots, buffers  # host data: the recording would refuse it
             storage = a.untyped_storage()
-            h = int(storage.data_ptr()) >> SHIFT
-            nbytes = storage.nbytes()
+            h = storage.data_ptr() >> SHIFT
             first = seen.get(h)
             if first is None:
                 seen[h] = i
                 slots.append(i)
                 buffers.append(h)
-            parts.append((tuple(a.shape), a.stride(), a.storage_offset(), a.dtype, nbytes, first))
-        elif isinstance(a, (int, float, bool, type(None), torch.SymInt)):
-            parts.append((type(a), a if not isinstance(a, torch.SymInt) else int(a)))
+            append((a.shape, a.stride(), a.storage_offset(), a.dtype, storage.nbytes(), first))
+        elif isinstance(a, plain):
+            append((type(a), a))
+        elif isinstance(a, torch.SymInt):
+            append((torch.SymInt, int(a)))
         else:
             return None, slots, buffers
     return tuple(parts), slots, buffers
