@@ -23,7 +23,7 @@ CHECKS=(
     "device|30|$bin/python -c 'import cupy; n = cupy.cuda.runtime.getDeviceCount(); p = cupy.cuda.runtime.getDeviceProperties(0); print(n, \"device(s):\", p[\"name\"].decode(), p[\"totalGlobalMem\"] >> 30, \"GiB\")'"
     "e2e-cupy|150|env GPUREMOTE_TEST_BACKENDS=cupy UCX_WARN_UNUSED_ENV_VARS=n $bin/python -m pytest -q -x -p no:randomly $E2E"
     "ucx-device-buffers|40|env UCX_WARN_UNUSED_ENV_VARS=n $bin/python -m pytest -q -x tests/test_ucx.py -k 'device or large'"
-    "torch-cupy|240|env GPUREMOTE_TEST_BACKENDS=cupy $bin/python -m pytest -q -x -p no:randomly tests/test_torch.py tests/test_torch_hostile.py tests/test_torch_compile.py"
+    "torch-cupy|240|env GPUREMOTE_TEST_BACKENDS=cupy $bin/python -m pytest -q -x -p no:randomly tests/test_torch.py tests/test_torch_hostile.py tests/test_torch_compile.py tests/test_torch_rewrites.py"
     "torch-graphs|240|env GPUREMOTE_TEST_BACKENDS=cupy $bin/python -m pytest -q -x -p no:randomly -m 'slow or not slow' tests/test_proxy_graphs.py"
     "torch-devices|90|env GPUREMOTE_TEST_BACKENDS=cupy $bin/python -m pytest -q -x -p no:randomly tests/test_torch_devices.py"
     "demo|30|$bin/gpuremote demo --backend cupy"
