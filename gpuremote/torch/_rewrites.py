@@ -117,17 +117,7 @@ def updates_in_place(gm: GraphModule) -> list[int]:
     order = {n: i for i, n in enumerate(nodes)}
     placeholders = [n for n in nodes if n.op == "placeholder"]
     #: each input the graph overwrites at its end: the ``copy_`` that does it
-    closing = {
-        n.args[0]: n
-        for n in nodes
-        if n.target is _COPY
-        and not n.users
-        and not n.kwargs
-        and len(n.args) == 2
-        and isinstance(n.args[0], Node)
-        and n.args[0].op == "placeholder"
-        and n.args[1] is not n.args[0]
-    }
+    closing = {n.args[0]: n for n in nodes if _writes_back(n) and n.args[1] is not n.args[0]}
     written: set[Node] = set()
     changed = False
     for node in nodes:
@@ -289,6 +279,19 @@ def _reaches_output(result: Node | None) -> bool:
     return result is not None and any(u.op == "output" for u in result.users)
 
 
+def _writes_back(node: Node) -> bool:
+    """Whether ``node`` is a plain ``copy_(input, value)`` of a value into one of the
+    graph's inputs, its result unread (how AOTAutograd writes an input's update back)."""
+    return (
+        node.target is _COPY
+        and not node.users
+        and not node.kwargs
+        and len(node.args) == 2
+        and isinstance(node.args[0], Node)
+        and node.args[0].op == "placeholder"
+    )
+
+
 def copies_as_one(gm: GraphModule) -> None:
     """The ``copy_`` of each updated value into its input (how AOTAutograd writes an
     optimizer's step, or clipped gradients, back) as one ``_foreach_copy_`` where the
@@ -297,12 +300,7 @@ def copies_as_one(gm: GraphModule) -> None:
     copies = [
         n
         for n in gm.graph.nodes
-        if n.target is _COPY
-        and not n.users
-        and len(n.args) == 2
-        and not n.kwargs
-        and n.args[0].op == "placeholder"
-        and all(order[u] < order[n] for u in n.args[0].users if u is not n)
+        if _writes_back(n) and all(order[u] < order[n] for u in n.args[0].users if u is not n)
     ]
     if len(copies) < 2 or len({c.args[0] for c in copies}) != len(copies):
         return
