@@ -222,8 +222,10 @@ async def run_ops(
     if cfg.workload:
         from .torch_ops import run_torch_ops
 
+        plan = plan_pin(cfg.pin, cfg)
         return await run_torch_ops(
             cfg.workload.split(","),
+            proxy_cpus=None if plan is None else {plan[1]},
             size=cfg.size,
             steps=cfg.workload_steps,
             rounds=cfg.rounds,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -52,6 +53,12 @@ class _Side:
     graph_run_s: float = 0.0  # wall time in their callables
     graph_run_cpu_s: float = 0.0
     graph_replay_cpu_s: float = 0.0
+
+
+#: a pause before each side's steps: OpenMP's workers spin for a while after a parallel
+#: region (a local compiled step's kernels, a proxy's matrix products); their CPU is not the
+#: next side's (with ``--pin``, this process's workers share its one CPU)
+_QUIET_S = 0.2
 
 
 def _p(values: list[float], q: float) -> float | None:
@@ -253,6 +260,7 @@ def _measure(
             sides = {k: _Side() for k in runs}
             for _ in range(rounds):
                 for side_name, (model, dev, opt, update) in runs.items():
+                    time.sleep(_QUIET_S)  # (the last side's worker threads: see there)
                     side = sides[side_name]
                     remote = dev == "gpuremote"
                     # (the stats calls: outside the timed steps)
@@ -355,20 +363,32 @@ async def run_torch_ops(
     report: Callable[[dict[str, Any]], None] = lambda s: None,
     compile: bool = False,
     graphs: str = "fx",
+    proxy_cpus: set[int] | None = None,
 ) -> dict[str, Any]:
     """Run the bench (see the module docstring); returns the JSON result. ``graphs``: how
     the proxy the bench starts replays compiled graphs (``serve --graphs``; a proxy in this
-    process replays them as FX graphs)."""
+    process replays them as FX graphs); ``proxy_cpus``: the CPUs of the proxy it starts
+    (``--pin``: this process is on its own already)."""
     backend = "numpy" if backend == "auto" else backend
     if transport == "inproc" and url is None:
-        base = {"bench": "ops", "url": "inproc:// (in this process)", "transport": "inproc"}
+        base: dict[str, Any] = {
+            "bench": "ops",
+            "url": "inproc:// (in this process)",
+            "transport": "inproc",
+        }
         base.update(size=size, backend=backend)
         return await asyncio.to_thread(
             _measure, workloads, size, steps, rounds, None, backend, report, base, compile
         )
-    async with open_target(url, transport, backend, proxy_args=("--graphs", graphs)) as target:
+    async with open_target(
+        url, transport, backend, proxy_cpus=proxy_cpus, proxy_args=("--graphs", graphs)
+    ) as target:
+        placement = {
+            "client_cpus": sorted(os.sched_getaffinity(0)),
+            "proxy_cpus": None if proxy_cpus is None else sorted(proxy_cpus),
+        }
         base = {"bench": "ops", "url": target.url, "transport": target.transport}
-        base.update(size=size, backend=backend, graphs=graphs)
+        base.update(size=size, backend=backend, graphs=graphs, placement=placement)
         return await asyncio.to_thread(
             _measure, workloads, size, steps, rounds, target.url, backend, report, base, compile
         )
