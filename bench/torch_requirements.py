@@ -149,6 +149,7 @@ class _Link:
             post_delay_us=1e12,  # sent when the client next waits, however many
             post_delay_max_us=1e12,
             post_batch_calls=0,
+            replays_at_once=False,  # (a proxy on this thread would run them only then anyway)
             **mode.connect,
         )
         self.conn = cast(Any, self.driver.session).conn  # the pipeline's (not the contract's)

@@ -16,6 +16,7 @@ A config file looks like::
     post_delay_us = 200       # gpuremote.xp / torch: a post no waiting call takes goes then
     post_delay_max_us = 8000  # ... the longest, while posting goes on
     post_batch_calls = 64     # ... this many go at once (0: by the delay alone)
+    replays_at_once = true    # ... a compiled graph's replay goes at once
     idle_after_us = 50000     # ... no post this long: idle (frees go at once)
     call_timeout_s = 30       # fail a call (and the session) after this long without reply
 
@@ -69,6 +70,9 @@ class PipelineConfig:
     post_delay_max_us: float = 8000.0
     #: ... and at once once this many wait (0: by the delay alone)
     post_batch_calls: int = 64
+    #: ... and a compiled graph's replay goes at once, from the thread that posts it (the
+    #: proxy runs the graph while the client goes on)
+    replays_at_once: bool = True
     #: no post for this long: the device is idle (released buffers are freed at once)
     idle_after_us: float = 50_000.0
     shadow_max_bytes: int = 64 << 20  # host copies larger than this are not kept

@@ -25,6 +25,7 @@ def test_every_batching_knob_is_a_pipeline_setting() -> None:
         "post_delay_max_us",
         "post_batch_calls",
         "idle_after_us",
+        "replays_at_once",
     }
     assert knobs <= names
 
@@ -76,3 +77,46 @@ def test_a_lone_post_goes_within_the_policys_longest_delay() -> None:
         assert float(gx.sum(y)) == 136.0
     finally:
         device.close()
+
+
+def test_posts_due_go_from_the_thread_that_posts() -> None:
+    """A post that finds the oldest due (or a full batch) sends them itself: the helper
+    would get the interpreter only at Python's switch interval while this thread runs."""
+    device = gx.Device(serve="numpy", post_delay_us=1e9, post_delay_max_us=1e9, post_batch_calls=3)
+    try:
+        x = gx.asarray(np.arange(16, dtype=np.float32), device=device)
+        float(gx.sum(x))
+        counters = device.session.counters
+        sent = counters.frames_sent
+        y = x + 1.0
+        z = y * 2.0
+        assert counters.frames_sent == sent  # two posts: not due for a long while
+        w = z - 1.0  # the third: a full batch, sent before the post returns
+        assert counters.frames_sent == sent + 1 and not device._posted
+        assert float(gx.sum(w)) == float(np.sum((np.arange(16) + 1.0) * 2.0 - 1.0))
+    finally:
+        device.close()
+
+
+def test_a_replay_goes_at_once_unless_the_policy_says_otherwise() -> None:
+    """``send_replay`` (a compiled graph's replay just posted) sends what is posted from
+    this thread; with ``replays_at_once`` off it waits, as any post, for a waiting call."""
+    for at_once in (True, False):
+        device = gx.Device(
+            serve="numpy",
+            post_delay_us=1e9,
+            post_delay_max_us=1e9,
+            post_batch_calls=0,
+            replays_at_once=at_once,
+        )
+        try:
+            x = gx.asarray(np.arange(16, dtype=np.float32), device=device)
+            float(gx.sum(x))
+            counters = device.session.counters
+            sent = counters.frames_sent
+            y = x + 1.0  # (posted: stands for the replay)
+            device.send_replay()
+            assert counters.frames_sent == sent + at_once
+            assert float(gx.sum(y)) == 136.0
+        finally:
+            device.close()

@@ -78,8 +78,9 @@ def test_compiled_models_train_as_eager_on_the_cpu(device: str, name: str) -> No
 def test_a_plain_pytorch_cnn_compiled_against_a_proxy_process() -> None:
     """A CNN with batch norm, layer norm, GELU and pooling, AdamW with clipping, 6 steps
     under ``torch.compile(backend="gpuremote")`` against a ``gpuremote serve --backend
-    numpy`` process: within 1e-4 of eager on the local CPU, a few frames a step (the
-    compilation's included)."""
+    numpy`` process: within 1e-4 of eager on the local CPU, a few frames a step (each
+    replay goes at once, the eager update's posts as they fall due; the compilation's
+    included), not one a call."""
 
     class CNN(nn.Module):
         def __init__(self) -> None:
@@ -125,7 +126,7 @@ def test_a_plain_pytorch_cnn_compiled_against_a_proxy_process() -> None:
     for k, v in expected[1].items():
         assert torch.allclose(v.double(), got[1][k].double(), rtol=1e-4, atol=1e-6), k
     assert stats["graph_replays"] == 10
-    assert got[2] <= 6 * 6, f"{got[2]} frames in 6 steps"
+    assert got[2] <= 6 * 10, f"{got[2]} frames in 6 steps"
 
 
 def test_inference_under_no_grad_is_one_graph(device: str) -> None:
@@ -143,6 +144,14 @@ def test_inference_under_no_grad_is_one_graph(device: str) -> None:
     for out in outs:
         assert _close(expected.detach(), out)
     assert (d["graphs_recorded"], d["graph_replays"]) == (1, 2)
+    # a replay goes as it is made, not at the next wait: the proxy runs the graph meanwhile
+    with torch.no_grad():
+        xr = x.to(device)
+        float(xr.sum())
+        sent = gt.stats()["frames_sent"]
+        out = f(xr)
+        assert gt.stats()["frames_sent"] == sent + 1
+    assert _close(expected.detach(), out.cpu())
 
 
 @pytest.mark.slow

@@ -280,14 +280,51 @@ class SyncDriver:
         if self.recording is not None:
             self.recording.add(spec, stream, args, buffer)
         posted.append((spec, stream, args, buffer))
-        # the helper is woken only where it would not come by in time on its own: it sleeps
-        # (the device was idle), a batch is full, or the oldest post is due (a stream of
-        # posts that no waiting call takes)
-        if not self._woken and (
-            self._dozing or self._policy.post_due(len(posted), now - self._first_post)
-        ):
+        # due (a full batch, or the oldest post's delay past: a stream of posts that no
+        # waiting call takes): sent from here; else the helper is woken only where it would
+        # not come by in time on its own (it sleeps: the device was idle)
+        n = len(posted)
+        due = self._policy.post_due(n, now - self._first_post)
+        if due and self._send_here():
+            self._policy.sent_posts(n)
+        elif (due or self._dozing) and not self._woken:
             self._woken = True
             self._wake.set()
+
+    def send_replay(self) -> None:
+        """What is posted, a compiled graph's replay last, goes now from this thread where
+        the policy says so (``replays_at_once``): the proxy runs the graph while this
+        thread goes on."""
+        if self._policy.replays_at_once and self._posted and self._send_here():
+            self._policy.taken()  # (the posts that follow go at the first delay)
+
+    def _send_here(self) -> bool:
+        """Send what is posted from this thread (it holds the interpreter, which the helper
+        would get only up to Python's switch interval later); False, sending nothing, where
+        another thread runs the loop, a recording holds the posts, or calls run where they
+        are made."""
+        if (
+            self.direct
+            or self.holding
+            or self.closed
+            or self._driver is not None
+            or asyncio._get_running_loop() is not None
+            or not self._owner.acquire(blocking=False)
+        ):
+            return False
+        try:
+            self._driver = threading.get_ident()
+            asyncio.events._set_running_loop(self._loop)  # (as a waiting call sends it)
+            try:
+                self._drain()
+                with contextlib.suppress(Exception):  # errors surface at the next waiting call
+                    self.session.send_queued()
+            finally:
+                asyncio.events._set_running_loop(None)
+        finally:
+            self._driver = None
+            self._owner.release()
+        return True
 
     def _drain(self, then_call: bool = False) -> None:
         """On the loop: hand everything posted to the session, in order (``then_call``: a

@@ -427,12 +427,14 @@ def replay_graph(
 
     results = a.runtime.run(job, [], [], stream)
     name = f"step {step.handle}"
-    adopt, views = a.runtime.adopt, s.views
+    adopt, views, buffers = a.runtime.adopt, s.views, s.buffers
+    s.check_room(len(results))
     for r, d, extent, whole in zip(
         results, graph.results, graph.extents, graph.wholes, strict=True
     ):
         handle = binds[d.handle][0]
-        s.check_new(s.buffers, handle, "buffer")
+        if handle in buffers:
+            raise CallFailed(f"buffer handle {handle} is already in use")
         # the trace made each result the client's layout, from byte 0 of its own memory
         if keep and r.storage_offset() == 0 and r.untyped_storage().nbytes() == extent:
             s.adopt(handle, adopt(r), extent)

@@ -254,8 +254,12 @@ class SessionState:
         """``handle`` may name a new ``what`` in ``table`` (unused, within the limit)."""
         if handle in table:
             raise CallFailed(f"{what} handle {handle} is already in use")
+        self.check_room(1)
+
+    def check_room(self, more: int) -> None:
+        """The session may hold ``more`` handles besides its own (within the limit)."""
         total = len(self.buffers) + len(self.streams) + len(self.events) + len(self.kernels)
-        if total >= self.limits.max_handles:
+        if total + more > self.limits.max_handles:
             raise CallFailed(
                 f"session holds {total} handles; the limit is {self.limits.max_handles}"
             )

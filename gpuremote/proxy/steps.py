@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 from ..wire.calls import Arg, CallSpec, Resource
@@ -154,6 +155,26 @@ class RecordedStep:
             len(streams) == 1 and not self_made,
             nbytes,
         )
+
+    def bind_buffers(self, buffers: Sequence[int], results: Sequence[int]) -> Binds:
+        """``bind`` for a replay that gives each argument's buffer alone (``step_run``):
+        each bound where its argument was recorded, its shape and dtype the recorded ones."""
+        slots = self.slots
+        if len(buffers) != len(slots):
+            raise StepError(f"the step takes {len(slots)} buffers; the run gave {len(buffers)}")
+        if len(results) != len(self.results):
+            raise StepError(
+                f"the step makes {len(self.results)} results; the run gave {len(results)}"
+            )
+        handles = [d.handle for d in slots]
+        binds: Binds = dict(zip(handles, zip(buffers, repeat(0), strict=False), strict=True))
+        if len(binds) != len(slots):  # one buffer the step viewed through several arguments
+            seen: dict[int, int] = {}
+            for k, (h, b) in enumerate(zip(handles, buffers, strict=True)):
+                if seen.setdefault(h, b) != b:
+                    raise StepError(f"argument {k} is not where the step's other views of it are")
+        binds.update(zip(self.results, zip(results, repeat(0), strict=False), strict=True))
+        return binds
 
     def bind(self, args: Sequence[ArrayDesc], results: Sequence[int]) -> Binds:
         """The handles of one replay (``StepError`` if its arrays are not the recorded

@@ -6,19 +6,22 @@ from its ``PipelineConfig``, for both ways calls are queued.
   queued before it), when it holds ``max_batch_calls`` calls or ``max_batch_bytes`` bytes, at
   the loop's next turn, or ``flush_delay_us`` after its first call where that is set.
 - **Posted from the application's threads** (``gpuremote.core.driver``: ``gpuremote.xp`` and
-  ``gpuremote.torch``, whose threads drive the loop only while a call waits): a posted call
-  is taken by the next call that waits, with no thread hand-off; one that no waiting call
-  takes is sent by the driver's helper thread ``post_delay_us`` after the oldest post (the
-  first work of a step reaches the proxy at once). While posting goes on without a waiting
-  call, each frame the helper sends makes the next wait four times longer, up to
-  ``post_delay_max_us`` (a long stretch of posts goes in a few frames, not one per
-  ``post_delay_us``, while the proxy works on the earlier ones), back to ``post_delay_us`` at
-  the next waiting call; ``post_batch_calls`` posts go at once whatever the delay (0: by the
-  delay alone). No post for ``idle_after_us``: the device is idle, the helper sleeps until a
-  post wakes it, and buffers released meanwhile are freed at once. While the device is in use
-  the helper comes by every ``post_delay_max_us`` unwoken, so a synchronous op (whose posts
-  its own waiting call takes) wakes no thread; a lone post that no waiting call takes goes
-  within ``post_delay_max_us``.
+  ``gpuremote.torch``, whose threads drive the loop only while a call waits): a posted call is
+  taken by the next call that waits, with no thread hand-off; one that no waiting call takes is
+  sent by the driver's helper thread ``post_delay_us`` after the oldest post (the first work of
+  a step reaches the proxy at once). While posting goes on without a waiting call, each frame
+  the helper sends makes the next wait four times longer, up to ``post_delay_max_us`` (a long
+  stretch of posts goes in a few frames, not one per ``post_delay_us``, while the proxy works on
+  the earlier ones), back to ``post_delay_us`` at the next waiting call; ``post_batch_calls``
+  posts go at once whatever the delay (0: by the delay alone). Posts that are due when a thread
+  posts another go from that thread (it holds the interpreter: the helper would get it only up
+  to Python's switch interval later), as does a compiled graph's replay with ``replays_at_once``
+  (the proxy runs the graph while the client goes on); the helper sends what is due while the
+  posting threads are elsewhere. No post for ``idle_after_us``: the device is idle, the helper
+  sleeps until a post wakes it, and buffers released meanwhile are freed at once. While the
+  device is in use the helper comes by every ``post_delay_max_us`` unwoken, so a synchronous op
+  (whose posts its own waiting call takes) wakes no thread; a lone post that no waiting call
+  takes goes within ``post_delay_max_us``.
 
 The policy decides; the session and the driver only act on its answers.
 """
@@ -42,6 +45,7 @@ class BatchPolicy:
         "post_batch",
         "post_delay_max_s",
         "post_delay_s",
+        "replays_at_once",
     )
 
     def __init__(self, config: PipelineConfig) -> None:
@@ -54,6 +58,7 @@ class BatchPolicy:
         self.post_delay_max_s = max(config.post_delay_max_us / 1e6, self.post_delay_s)
         self.post_batch = config.post_batch_calls or 1 << 62
         self.idle_s = config.idle_after_us / 1e6
+        self.replays_at_once = config.replays_at_once
         #: how long the oldest post may wait now (grows with each frame of posts sent)
         self.delay_s = self.post_delay_s
 

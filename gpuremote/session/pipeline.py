@@ -408,6 +408,13 @@ class ClientSession:
                 self._one_by_one.send()
         await self.conn.drain()
 
+    def send_queued(self) -> None:
+        """Send what is queued (frees too) now, in one frame, without waiting for the
+        transport's buffer to drain (with ``async_calls`` off: left to ``flush``)."""
+        self.check_open()
+        if self.config.async_calls:
+            self._flush_now()
+
     def release(self, handle: int, nbytes: int = 0) -> None:
         """Free buffer ``handle`` of ``nbytes`` later (safe from finalizers, in any thread):
         with the frame being built, in one command, or sooner once many bytes wait."""

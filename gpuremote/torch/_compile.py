@@ -227,6 +227,7 @@ class _Graph:
         new_handle = d.session.new_handle
         results = [new_handle() for _ in recorded.buffers]
         d.post(_RUN, 0, [recorded.handle, slot_buffers, results])
+        d.send_replay()
         counts(d)["graph_replays"] += 1
         index = args[slots[0]].device.index or 0
         storages = [

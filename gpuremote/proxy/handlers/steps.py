@@ -78,6 +78,13 @@ def step_replay(
         with contextlib.suppress(*CALL_FAILURES):  # its results exist, as after a skip
             make_results(s, handle, results)
         raise
+    _replay(s, ctx, step, binds, results)
+
+
+def _replay(
+    s: SessionState, ctx: BatchContext, step: RecordedStep, binds: Any, results: tuple[int, ...]
+) -> None:
+    """Replay ``step`` with ``binds``: as timed, as one graph, or call by call."""
     try:
         timed = timed_step(s, step)
         if timed is not None:
@@ -88,7 +95,7 @@ def step_replay(
             _run_graph(s, ctx, graph, binds)
     except ReplayFailed:
         with contextlib.suppress(*CALL_FAILURES):  # its results exist, as after a skip
-            make_results(s, handle, results)
+            make_results(s, step.handle, results)
         raise
     finally:
         if not step.kept:  # intermediates of a step on several streams: this replay's own
@@ -118,18 +125,13 @@ def step_run(
     """``step_replay`` with each argument given by its buffer alone: bound where the step's
     argument was recorded (its offset, shape and dtype), as the replay of that array."""
     step = s.step(handle)
-    slots = step.slots
-    if len(buffers) != len(slots):
+    try:
+        binds = step.bind_buffers(buffers, results)
+    except StepError:
         with contextlib.suppress(*CALL_FAILURES):  # its results exist, as after a skip
             make_results(s, handle, results)
-        raise StepError(f"the step takes {len(slots)} buffers; the run gave {len(buffers)}")
-    args = tuple(
-        [
-            ArrayDesc(b, d.offset, d.shape, d.dtype, d.nbytes)
-            for b, d in zip(buffers, slots, strict=True)
-        ]
-    )
-    step_replay(s, ctx, handle, args, results)
+        raise
+    _replay(s, ctx, step, binds, results)
 
 
 def _run_timed(

@@ -269,6 +269,16 @@ class FailoverSession:
             with contextlib.suppress(ConnectionClosed, RemoteProtocolError):
                 await inner.flush()
 
+    def send_queued(self) -> None:
+        """Send what is queued now (see ``flush``), without waiting on the transport."""
+        self.check_open()
+        if self._released:
+            self.flush_released()
+        inner = self.inner
+        if inner is not None and not inner.closed:
+            with contextlib.suppress(ConnectionClosed, RemoteProtocolError):
+                inner.send_queued()
+
     def release(self, handle: int, nbytes: int = 0) -> None:
         """Free buffer ``handle`` later (safe from finalizers, in any thread)."""
         if self.closing or self.error is not None:
