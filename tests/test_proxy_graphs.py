@@ -18,9 +18,11 @@ import gpuremote.torch as gt  # noqa: E402
 from gpuremote.core.driver import SyncDriver  # noqa: E402
 from gpuremote.errors import RemoteCallError  # noqa: E402
 from gpuremote.proxy.state import SessionLimits  # noqa: E402
+from gpuremote.proxy.steps import RecordedStep, StepError  # noqa: E402
 from gpuremote.tools.proxyprocess import LocalProxy  # noqa: E402
 from gpuremote.torch.models import train, workload  # noqa: E402
 from gpuremote.wire.calls import BUFFER, CALLS_BY_NAME  # noqa: E402
+from gpuremote.wire.protocol import ArrayDesc  # noqa: E402
 
 C = CALLS_BY_NAME
 nn = torch.nn
@@ -265,6 +267,20 @@ def test_a_run_by_buffers_binds_each_where_its_argument_was_recorded(driver: Syn
     again = d.session.new_handle()
     d.post(C["step_run"], 0, [step, [x, idx], [again]])
     assert _read(d, again, 2) == [16.0, 1.0]
+
+
+def test_binding_by_buffers_is_binding_by_the_recorded_descriptors() -> None:
+    """``RecordedStep.bind_buffers`` (``step_run``'s) binds what ``bind`` binds for the
+    descriptors the step was recorded with, and refuses, as it does, one buffer viewed
+    through two arguments given as two."""
+    slots = (ArrayDesc(5, 0, (4,), "float32", 16), ArrayDesc(5, 16, (4,), "float32", 16))
+    step = RecordedStep(1, [], slots, (9,), {}, True)
+    args = [ArrayDesc(7, d.offset, d.shape, d.dtype, d.nbytes) for d in slots]
+    assert step.bind_buffers([7, 7], [11]) == step.bind(args, [11]) == {5: (7, 0), 9: (11, 0)}
+    with pytest.raises(StepError, match="argument 1 is not where"):
+        step.bind_buffers([7, 8], [11])
+    with pytest.raises(StepError, match="makes 1 results; the run gave 2"):
+        step.bind_buffers([7, 7], [11, 12])
 
 
 def test_the_compile_budget_spent_is_a_clear_error_and_the_proxy_serves_others() -> None:
