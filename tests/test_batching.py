@@ -120,3 +120,20 @@ def test_a_replay_goes_at_once_unless_the_policy_says_otherwise() -> None:
             assert float(gx.sum(y)) == 136.0
         finally:
             device.close()
+
+
+def test_a_captured_steps_replay_goes_at_once() -> None:
+    """``xp.capture``'s replays go as they are made too (the policy's ``replays_at_once``)."""
+    device = gx.Device(serve="numpy", post_delay_us=1e9, post_delay_max_us=1e9, post_batch_calls=0)
+    try:
+        step = gx.capture(lambda v: v * 2.0 + 1.0)
+        x = gx.asarray(np.arange(4, dtype=np.float32), device=device)
+        float(gx.sum(step(x)))  # recorded
+        float(gx.sum(step(x)))  # replayed once
+        counters = device.session.counters
+        sent = counters.frames_sent
+        y = step(x)
+        assert counters.frames_sent == sent + 1
+        assert float(gx.sum(y)) == 16.0
+    finally:
+        device.close()
