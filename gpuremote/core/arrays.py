@@ -352,7 +352,8 @@ class Core:
     one goes through ``post``); ``release(handle, nbytes)`` frees a buffer later, from any
     thread (a garbage array's); ``make(core, buf, shape, dtype, offset)`` makes the front
     end's array type; ``owner`` is the front end object. ``recorder`` is the step being
-    captured, if any (``recording``)."""
+    captured, if any (``recording``). ``replayed()``, where given, is called after a captured
+    step's replay is queued (a synchronous front end's: it sends the replay at once)."""
 
     __slots__ = (
         "_lock",
@@ -363,6 +364,7 @@ class Core:
         "owner",
         "recorder",
         "release",
+        "replayed",
         "session",
     )
 
@@ -374,6 +376,7 @@ class Core:
         release: Callable[[int, int], None],
         make: Callable[..., Any],
         copies: HostCopies,
+        replayed: Callable[[], None] | None = None,
     ) -> None:
         self.owner = owner
         self.session = session
@@ -382,6 +385,7 @@ class Core:
         self.release = release
         self.make = make
         self.copies = copies
+        self.replayed = replayed
         self.recorder: Recording | None = None
         self._lock = threading.RLock()  # one recording at a time on this core
 

@@ -218,9 +218,8 @@ class Step:
             for b in bufs:
                 b.detach()  # never made on the proxy
             raise
-        send_replay = getattr(core.owner, "send_replay", None)
-        if send_replay is not None:  # (a synchronous front end's: the replay goes at once)
-            send_replay()
+        if core.replayed is not None:
+            core.replayed()
         for a in arrays:  # the step may write its arguments (in-place updates)
             core.written(a._buf)
         for b in recorded.written:  # and arrays it closes over

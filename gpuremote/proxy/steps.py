@@ -82,6 +82,11 @@ class RecordedStep:
     #: on a device that times ops without computing them: None (not decided), False (call
     #: by call), else its ``TimedStep`` (``gpuremote.proxy.timedsteps``)
     timed: Any = None
+    #: the recorded handle of each argument, in order (``bind_buffers`` binds by them)
+    slot_handles: tuple[int, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.slot_handles = tuple(d.handle for d in self.slots)
 
     @classmethod
     def from_program(
@@ -166,7 +171,7 @@ class RecordedStep:
             raise StepError(
                 f"the step makes {len(self.results)} results; the run gave {len(results)}"
             )
-        handles = [d.handle for d in slots]
+        handles = self.slot_handles
         binds: Binds = dict(zip(handles, zip(buffers, repeat(0), strict=False), strict=True))
         if len(binds) != len(slots):  # one buffer the step viewed through several arguments
             seen: dict[int, int] = {}

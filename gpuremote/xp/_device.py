@@ -54,6 +54,7 @@ class Device(SyncDriver):
             self._release,
             Array,
             HostCopies(cfg.shadow, cfg.shadow_max_bytes),
+            self.send_replay,
         )
         self._order = next(_opened)
         _OPEN.add(self)
