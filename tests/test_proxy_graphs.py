@@ -269,6 +269,68 @@ def test_a_run_by_buffers_binds_each_where_its_argument_was_recorded(driver: Syn
     assert _read(d, again, 2) == [16.0, 1.0]
 
 
+def _scale_step(d: SyncDriver, x: int, w: int) -> tuple[int, int]:
+    """A step of one call, ``out = x * w``: ``x`` its argument, ``w`` a buffer of the
+    session's (a weight: an input of the graph that no replay binds)."""
+    out, step = d.session.new_handle(), d.session.new_handle()
+    program = [
+        [[x, 0, [16], "uint8"]],
+        [_aten("mul.Tensor", [_t(x, 4), _t(w, 4)], [_t(out, 4)])],
+        [0],
+        [out],
+    ]
+    d.post(C["step_record"], 0, [step, program])
+    return step, out
+
+
+def test_a_graph_keeps_its_inputs_views_only_while_their_buffers_are(
+    driver: SyncDriver,
+) -> None:
+    """A graph keeps its inputs' views between replays (made once while their bindings
+    stay); a weight freed and made again under its handle is read anew, a buffer bound by one
+    replay alone is not held after it, and a freed step leaves nothing behind."""
+    d = driver
+    w = _upload(d, np.array([1, 2, 3, 4], np.float32))
+    xs = [_upload(d, np.array([k, k, k, k], np.float32)) for k in (1, 2, 3)]
+    step, _ = _scale_step(d, xs[0], w)
+
+    def run(x: int) -> list[Any]:
+        new = d.session.new_handle()
+        d.post(C["step_run"], 0, [step, [x], [new]])
+        return _read(d, new, 4)
+
+    for _ in range(3):  # traced, then the graph, then its kept inputs
+        assert run(xs[0]) == [1.0, 2.0, 3.0, 4.0]
+    (session,) = d._proxy.clients.values()
+    state = session.executor
+    graph = state.steps[step].graph
+    assert graph.replays == 2
+    # the weight freed, and made again under its handle with other values
+    d.post(C["free"], 0, [w])
+    d.call(C["device_synchronize"], [])
+    _upload(d, np.array([7, 7, 7, 7], np.float32))  # (where the weight's memory may go)
+    d.post(C["alloc"], 0, [w, 16])
+    for half in (0, 8):  # (written in place: a whole buffer's copy may replace its memory)
+        raw = memoryview(np.array([10, 20, 30, 40], np.float32).view(np.uint8)[half : half + 8])
+        d.post(C["copy_h2d"], 0, [[w, half, [8], "uint8"], BUFFER], raw)
+    assert run(xs[0]) == [10.0, 20.0, 30.0, 40.0]
+    # arguments bound elsewhere by each replay: their views are that replay's alone
+    assert run(xs[1]) == [20.0, 40.0, 60.0, 80.0]
+    assert run(xs[2]) == [30.0, 60.0, 90.0, 120.0]
+    d.post(C["free_buffers"], 0, [xs[1:]])
+    d.call(C["device_synchronize"], [])
+    held = {id(t) for t in graph._args[2:] if t is not None}
+    assert all(h in state.buffers for h in state.view_users)
+    assert all(
+        state.views.get(x) is None or not held & {id(v) for v in state.views[x].values()}
+        for x in xs[1:]
+    )
+    assert run(xs[0]) == [10.0, 20.0, 30.0, 40.0]
+    d.post(C["step_free"], 0, [step])
+    d.call(C["device_synchronize"], [])
+    assert not any(graph in users for users in state.view_users.values())
+
+
 def test_binding_by_buffers_is_binding_by_the_recorded_descriptors() -> None:
     """``RecordedStep.bind_buffers`` (``step_run``'s) binds what ``bind`` binds for the
     descriptors the step was recorded with, and refuses, as it does, one buffer viewed
@@ -370,3 +432,29 @@ def test_the_ops_bench_compares_compiled_graphs_with_local_inductor() -> None:
     assert compiled["graph_replays_per_step"] == 4 and compiled["eager_graphs_per_step"] == 0
     assert compiled["proxy_graph_ops_per_step"] > 50
     assert compiled["proxy_graph_run_ms"] > 0 and compiled["proxy_cpu_per_graph_op_us"] > 0
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.arange(12, dtype=torch.float32).reshape(3, 4),
+        lambda: torch.arange(12, dtype=torch.float32).reshape(4, 3).t(),  # dense, permuted
+        lambda: torch.arange(6, dtype=torch.bfloat16),  # (a dtype NumPy has not)
+        lambda: torch.empty(0),
+    ],
+)
+def test_a_kept_result_is_its_storages_bytes_and_keeps_them_alive(make: Any) -> None:
+    """A tensor an op made becomes a CPU proxy's buffer as it is: the bytes of its storage,
+    writable, alive while the buffer is."""
+    import gc
+
+    from gpuremote.backends.torch_runtime import TorchRuntime
+
+    t = make()
+    expected = bytes(t.untyped_storage())
+    buf = TorchRuntime(None).adopt(t)
+    del t
+    gc.collect()
+    assert buf.dtype == np.uint8 and buf.ndim == 1 and buf.tobytes() == expected
+    if buf.size:
+        buf[0] ^= 0xFF  # (its own memory: writable)

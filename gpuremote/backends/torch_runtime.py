@@ -46,14 +46,13 @@ class TorchRuntime:
     def adopt(self, tensor: Any) -> Any:
         """A buffer of the bytes of ``tensor``'s storage, which the tensor fills (its memory
         where the backend can keep it)."""
-        import torch
-
-        if tensor.is_contiguous():  # (the common case: its bytes as NumPy sees them)
-            try:
-                return tensor.numpy().reshape(-1).view(np.uint8)
-            except TypeError:  # a dtype NumPy has not (bfloat16)
-                pass
-        return torch.empty(0, dtype=torch.uint8).set_(tensor.untyped_storage()).numpy()
+        storage = tensor.untyped_storage()
+        nbytes = storage.nbytes()
+        if not nbytes:
+            return np.empty(0, np.uint8)
+        # NumPy's view of the storage's bytes, whatever the dtype and layout (it keeps the
+        # storage alive): fewer objects made than ``tensor.numpy()`` and its reshapes
+        return np.asarray(_StorageBytes(storage, storage.data_ptr(), nbytes))
 
     def run(
         self,
@@ -81,3 +80,18 @@ class TorchRuntime:
     def work(self, stream: Any, flops: float, nbytes: float, dtype: Any) -> None:
         """An ATen op of ``flops`` (matrix products, convolutions, attention: 0 for the
         rest) and ``nbytes`` moved ran on ``stream``: a simulated GPU takes its time."""
+
+
+class _StorageBytes:
+    """A torch storage's bytes as NumPy's array interface describes them (``adopt``)."""
+
+    __slots__ = ("__array_interface__", "storage")
+
+    def __init__(self, storage: Any, address: int, nbytes: int) -> None:
+        self.storage = storage  # (kept alive by the arrays made of it)
+        self.__array_interface__ = {
+            "data": (address, False),
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "version": 3,
+        }

@@ -519,12 +519,20 @@ class AtenSession:
                 self.operand_memory,
                 self.device,
             ):
-                s.adopt(d.handle, self.runtime.adopt(r), extent)
+                self.keep_as_is(d.handle, r, extent, d.dtype)
             else:
                 s.alloc(d.handle, d.extent)
                 copy.append((r, d))
         if copy:
             self.fill_outputs(name, [r for r, _ in copy], [d for _, d in copy])
+
+    def keep_as_is(self, handle: int, r: Any, nbytes: int, dtype_name: str) -> None:
+        """Tensor ``r`` (``kept_as_is``: its storage its own, all of it) is buffer
+        ``handle`` now; it is also the flat tensor of its dtype the buffer's views are taken
+        of (``strided``), so that an op reading it makes none."""
+        s = self.state
+        s.adopt(handle, self.runtime.adopt(r), nbytes)
+        s.views[handle] = {("torch", dtype_name): r}
 
     def adopt_results(self, name: str, made: Sequence[Any], handles: Sequence[int]) -> list[Any]:
         """Keep what a data-dependent op made, each as a new buffer under the client's

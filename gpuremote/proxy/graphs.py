@@ -62,6 +62,8 @@ _COMPILING = ("inductor", "cudagraphs")
 _MAX_VIEWS = 1024
 #: the graphs' inputs' keys among their buffers' views: never one reused
 _INPUT_KEYS = itertools.count()
+#: an input's binding when its view is to be made (equal to no binding)
+_STALE = object()
 
 
 class _NotGraphable(Exception):
@@ -87,12 +89,8 @@ class StepGraph:
         self.ops = 0
         self.replays = 0
         self.run_ns = 0  # in the graph's callable, over the replays
-        #: the process's CPU time in the graph's callable, and in the whole replays (the
-        #: inputs' views, the results' buffers): what the second adds is this module's cost
-        self.run_cpu_ns = 0
-        self.replay_cpu_ns = 0
-        #: this thread's CPU in the callable and in the whole replays: the difference is
-        #: this module's cost alone (the process's counts other threads' work beside it)
+        #: this thread's CPU in the callable and in the whole replays (the inputs' views,
+        #: the results' buffers): what the second adds is this module's cost
         self.run_thread_ns = 0
         self.replay_thread_ns = 0
         self.made_bytes = 0  # what the step's buffers hold, for the session's memory limit
@@ -103,6 +101,22 @@ class StepGraph:
         self.wholes: list[Any] = []  # their keys among their buffers' views (``_whole``)
         #: the step's allocations, each as the flat tensor its views take: handle -> that
         self.allocs: dict[int, TensorDesc] = {}
+        #: the last replay's inputs, kept while their buffers are (``SessionState.view_users``
+        #: tells ``forget`` when one goes): the generator and its lender, then the views;
+        #: per view, the binding it was made for (None: a buffer of the session's; ``_STALE``:
+        #: to be made); per input, the recorded handle a replay binds (its key in ``Binds``);
+        #: per buffer handle, the inputs viewing it
+        self._args: list[Any] = []
+        self._made_for: list[Any] = []
+        self._bind_keys: list[int] = []
+        self._viewing: dict[int, set[int]] = {}
+        #: per input, the binding of the last replay (``_STALE``: none since its buffer
+        #: went); the inputs whose binding changed between the last two replays (their views
+        #: are this replay's alone: not kept, so that they keep no freed buffer's memory)
+        self._last: list[Any] = []
+        self._passing: list[int] = []
+        #: per result: the recorded handle a replay binds
+        self._result_keys: list[int] = []
         self._plan()
 
     # -- building ----------------------------------------------------------------------------
@@ -170,6 +184,11 @@ class StepGraph:
         # unused result still draws from the generator, as the op-by-op path's does)
         self.gm = torch.fx.GraphModule(torch.nn.Module(), g)
         self.forward = self.gm.forward
+        self._args = [None] * (2 + len(self.inputs))
+        self._made_for = [_STALE] * len(self.inputs)
+        self._last = [_STALE] * len(self.inputs)
+        self._bind_keys = [d.handle for _, d, _, _, _ in self.inputs]
+        self._result_keys = [d.handle for d in self.results]
         self.uses_rng = tracer.rng_used
         for lineno, line in enumerate(self.gm.code.splitlines(), start=1):
             target = line.strip().split(" = ", 1)[0]
@@ -179,37 +198,97 @@ class StepGraph:
 
     # -- replaying ---------------------------------------------------------------------------
     def inputs_of(self, s: SessionState, a: AtenSession, binds: Binds) -> list[Any]:
-        """The graph's inputs for one replay: each view made (bounds-checked), or kept with
-        the session buffer's other views (dropped when it is freed or replaced)."""
-        out: list[Any] = [a.rng.generator, a.rng]
+        """The graph's inputs for one replay: the last replay's where their bindings are the
+        same and their buffers have not gone since; else each view made (bounds-checked), or
+        found among the session buffer's other views (dropped when it is freed or replaced)."""
+        args, made_for = self._args, self._made_for
+        get = binds.get
+        now = [get(h) for h in self._bind_keys]  # (None: a buffer of the session's)
+        if now != made_for:
+            last, passing = self._last, self._passing
+            changed = [i for i, (x, y) in enumerate(zip(now, made_for, strict=True)) if x != y]
+            for i in changed:
+                bound = now[i]
+                before = last[i]
+                last[i] = bound
+                if before is _STALE or before == bound:  # kept while its buffer is
+                    args[i + 2] = self._view(s, a, i, bound, keep=True)
+                    made_for[i] = bound
+                else:  # bound elsewhere each replay: this one's alone
+                    args[i + 2] = self._view(s, a, i, bound, keep=False)
+                    made_for[i] = _STALE
+                    passing.append(i)
+        rng = a.rng
+        args[0], args[1] = rng.generator, rng
+        return args
+
+    def let_go(self) -> None:
+        """The replay is done: the views that were its alone go."""
+        args = self._args
+        for i in self._passing:
+            args[i + 2] = None
+        self._passing.clear()
+
+    def _view(self, s: SessionState, a: AtenSession, i: int, bound: Any, keep: bool) -> Any:
+        """Input ``i``'s view for binding ``bound`` (None: its recorded buffer), kept with
+        its buffer's other views; ``keep``: kept by the graph too, until the buffer goes."""
+        _, d, kid, reach, whole = self.inputs[i]
+        handle, shift = bound if bound is not None else (d.handle, 0)
+        key = (kid, shift)  # (the view: this input's layout, moved by shift)
         views = s.views
-        strided = a.strided
-        for slot, d, kid, reach, whole in self.inputs:
-            handle, shift = binds[d.handle] if slot >= 0 else (d.handle, 0)
-            key = (kid, shift)  # (the view: this input's layout, moved by shift)
-            kept = views.get(handle)
-            t = kept.get(key) if kept is not None else None
-            if t is None and whole is not None and kept is not None and not shift:
+        kept = views.get(handle)
+        t = None
+        if kept is not None:
+            if whole is not None and not shift:
                 t = kept.get(whole)  # a graph's result, as it made it
-            if t is None:  # (an unknown handle, a view past the buffer: refused)
-                offset = d.offset + shift
-                if offset < 0:
-                    raise StepError(
-                        "an argument's offset would move the step's views before its buffer"
-                    )
-                end = offset + reach if reach else 0
-                t = strided(handle, offset, d.sizes, d.strides, d.dtype, end)
-                kept = views.setdefault(handle, {})
-                if len(kept) >= _MAX_VIEWS:  # (graphs recorded again and again: start over)
-                    kept.clear()
-                kept[key] = t
-            out.append(t)
-        return out
+            if t is None:
+                t = kept.get(key)
+        if t is None:  # (an unknown handle, a view past the buffer: refused)
+            offset = d.offset + shift
+            if offset < 0:
+                raise StepError(
+                    "an argument's offset would move the step's views before its buffer"
+                )
+            end = offset + reach if reach else 0
+            t = a.strided(handle, offset, d.sizes, d.strides, d.dtype, end)
+            kept = views.setdefault(handle, {})
+            if len(kept) >= _MAX_VIEWS:  # (graphs recorded again and again: start over)
+                kept.clear()
+            kept[key] = t
+        if not keep:
+            return t
+        viewing = self._viewing.get(handle)
+        if viewing is None:
+            viewing = self._viewing[handle] = set()
+            s.view_users.setdefault(handle, set()).add(self)
+        viewing.add(i)
+        return t
+
+    def release(self, s: SessionState) -> None:
+        """The step is freed: its kept inputs go (and its place among the buffers' users)."""
+        users = s.view_users
+        for handle in self._viewing:
+            kept = users.get(handle)
+            if kept is not None:
+                kept.discard(self)
+                if not kept:
+                    del users[handle]
+        self._viewing.clear()
+        self._args = [None] * len(self._args)
+        self._made_for = [_STALE] * len(self._made_for)
+        self._last = [_STALE] * len(self._last)
+
+    def forget(self, handle: int) -> None:
+        """Buffer ``handle`` is freed or replaced: the inputs that viewed it are made again."""
+        made_for, args = self._made_for, self._args
+        for i in self._viewing.pop(handle, ()):  # (its binding stays the last replay's)
+            made_for[i] = _STALE
+            args[i + 2] = None
 
     def run(self, inputs: list[Any], mode: str, budget: Callable[[float], None]) -> Any:
         """Call the graph (compiled first where ``mode`` is ``inductor``: once per content,
         ``budget`` charged with the compile time); a failure names the step's call."""
-        t0, c0, h0 = time.perf_counter_ns(), time.process_time_ns(), time.thread_time_ns()
+        t0, h0 = time.perf_counter_ns(), time.thread_time_ns()
         try:
             if mode in _COMPILING and not self.uses_rng and self.compiled is None:
                 self.compiled, out = _compiled(self, inputs, budget, mode)
@@ -222,9 +301,8 @@ class StepGraph:
         except Exception as exc:
             message = f"{type(exc).__name__}: {_first_line(exc)}"
             raise GraphCallError(self._failed_call(exc), "", message) from None
-        self.run_ns += time.perf_counter_ns() - t0
-        self.run_cpu_ns += time.process_time_ns() - c0
         self.run_thread_ns += time.thread_time_ns() - h0
+        self.run_ns += time.perf_counter_ns() - t0
         self.replays += 1
         return out
 
@@ -402,7 +480,7 @@ def replay_graph(
     """Replay ``graph``'s step with ``binds`` (traced on its first replay): its results
     become the replay's buffers. ``StepError`` for an argument out of bounds; ``GraphCallError``
     names the call that failed."""
-    c0, h0 = time.process_time_ns(), time.thread_time_ns()
+    h0 = time.thread_time_ns()
     step = graph.step
     traced = graph.gm is not None
     room = s.device_bytes + graph.made_bytes
@@ -423,22 +501,28 @@ def replay_graph(
                     step.graph = None
                     raise
             inputs = graph.inputs_of(s, a, binds)
-            return list(graph.run(inputs, s.limits.graphs, _budget(s)))
+            try:
+                return list(graph.run(inputs, s.limits.graphs, _budget(s)))
+            finally:
+                graph.let_go()
 
     results = a.runtime.run(job, [], [], stream)
     name = f"step {step.handle}"
     adopt, views, buffers = a.runtime.adopt, s.views, s.buffers
     s.check_room(len(results))
-    for r, d, extent, whole in zip(
-        results, graph.results, graph.extents, graph.wholes, strict=True
+    handles = [binds[h][0] for h in graph._result_keys]
+    if not buffers.keys().isdisjoint(handles) or len(set(handles)) < len(handles):
+        in_use = next(h for k, h in enumerate(handles) if h in buffers or h in handles[:k])
+        raise CallFailed(f"buffer handle {in_use} is already in use")
+    for r, d, handle, extent, whole in zip(
+        results, graph.results, handles, graph.extents, graph.wholes, strict=True
     ):
-        handle = binds[d.handle][0]
-        if handle in buffers:
-            raise CallFailed(f"buffer handle {handle} is already in use")
         # the trace made each result the client's layout, from byte 0 of its own memory
         if keep and r.storage_offset() == 0 and r.untyped_storage().nbytes() == extent:
             s.adopt(handle, adopt(r), extent)
-            views[handle] = {whole: r}  # (the view a graph's input of it takes: r itself)
+            # the view a graph's input of it takes (r itself), and the flat tensor of its
+            # dtype others are taken of (``AtenSession.strided``: r, whose storage it is)
+            views[handle] = {whole: r, ("torch", d.dtype): r}
         elif keep:
             a.operand_memory = set()
             a.keep_outputs(name, [r], [d._replace(handle=handle)])
@@ -446,7 +530,6 @@ def replay_graph(
             s.alloc(handle, extent)
             a.fill_outputs(name, [r], [d._replace(handle=handle)])
     if traced:
-        graph.replay_cpu_ns += time.process_time_ns() - c0
         graph.replay_thread_ns += time.thread_time_ns() - h0
 
 

@@ -200,6 +200,10 @@ class SessionState:
         #: views of buffers already resolved, per buffer (a few each): by descriptor, and
         #: as a flat torch tensor of a dtype by ("torch", dtype)
         self.views: dict[int, dict[Any, Any]] = {}
+        #: what else keeps views of a buffer (the inputs a recorded step's graph keeps between
+        #: replays, ``proxy.graphs``): buffer handle -> those, each told ``forget(handle)``
+        #: when the buffer is freed or replaced
+        self.view_users: dict[int, set[Any]] = {}
         #: the session's default stream: device memory is allocated in order on it
         self.stream0 = backend.create_stream()
         self.streams: dict[int, Any] = {0: self.stream0}
@@ -320,12 +324,14 @@ class SessionState:
         self.release([self.buffers[handle]])
         self.buffers[handle] = buf
         self.views.pop(handle, None)
+        if self.view_users:
+            self._forget(handle)
 
     def free(self, handles: Sequence[int]) -> list[int]:
         """Free the buffers ``handles`` names; returns the handles it does not know."""
         unknown = []
         freed = []
-        buffers, nbytes, views = self.buffers, self.nbytes, self.views
+        buffers, nbytes, views, users = self.buffers, self.nbytes, self.views, self.view_users
         for handle in handles:
             buf = buffers.pop(handle, None)
             if buf is None:
@@ -334,9 +340,18 @@ class SessionState:
             freed.append(buf)
             self.device_bytes -= nbytes.pop(handle)
             views.pop(handle, None)
+            if users:
+                self._forget(handle)
         if freed:
             self.release(freed)
         return unknown
+
+    def _forget(self, handle: int) -> None:
+        """Tell what keeps views of buffer ``handle`` that it is gone."""
+        kept = self.view_users.pop(handle, None)
+        if kept:
+            for user in kept:
+                user.forget(handle)
 
     def release(self, bufs: list[Any]) -> None:
         """Free ``bufs`` in stream order: after the work queued so far on every stream of
@@ -367,16 +382,14 @@ class SessionState:
     def _graph_stats(self) -> dict[str, int]:
         """The steps replayed as one graph (``gpuremote.proxy.graphs``): how many, their
         replays (after the first, which traces), the ops those ran, the nanoseconds in the
-        graphs' callables (wall; the process's CPU; the replaying thread's) and in the whole
-        replays (the process's CPU; the thread's)."""
+        graphs' callables (wall; the replaying thread's CPU) and in the whole replays (the
+        thread's CPU)."""
         graphs = [st.graph for st in self.steps.values() if st.graph]
         return {
             "steps": len(graphs),
             "replays": sum(g.replays for g in graphs),
             "ops": sum(g.ops * g.replays for g in graphs),
             "run_ns": sum(g.run_ns for g in graphs),
-            "run_cpu_ns": sum(g.run_cpu_ns for g in graphs),
-            "replay_cpu_ns": sum(g.replay_cpu_ns for g in graphs),
             "run_thread_ns": sum(g.run_thread_ns for g in graphs),
             "replay_thread_ns": sum(g.replay_thread_ns for g in graphs),
             "compile_s": self.compile_s,
@@ -404,6 +417,7 @@ class SessionState:
         self.buffers.clear()
         self.nbytes.clear()
         self.views.clear()
+        self.view_users.clear()
         self.device_bytes = 0
         for s in streams[::-1]:  # (mypyc 2.4 cannot compile reversed() of this list)
             self.backend.destroy_stream(s)

@@ -297,13 +297,13 @@ class AtenTemplate:
         if len(made) != len(outputs):
             a.keep_outputs(self.name, made, self._descs(outputs))  # raises, allocating them
             return
-        adopt, device = a.runtime.adopt, a.device
+        keep, device = a.keep_as_is, a.device
         copy: list[tuple[Any, TensorDesc]] = []
         for r, h, (sizes, strides, dtype, nbytes, torch_dtype) in zip(
             made, outputs, self.outputs, strict=True
         ):
             if kept_as_is(r, sizes, strides, torch_dtype, nbytes, memory, device):
-                s.adopt(h, adopt(r), nbytes)
+                keep(h, r, nbytes, dtype)
             else:
                 s.alloc(h, nbytes)
                 copy.append((r, TensorDesc(h, 0, sizes, strides, dtype)))

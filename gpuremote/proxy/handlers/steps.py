@@ -53,6 +53,8 @@ def step_free(s: SessionState, ctx: BatchContext, handle: int) -> None:
     step = s.step(handle)
     del s.steps[handle]
     s.step_calls -= len(step.calls)
+    if isinstance(step.graph, StepGraph):
+        step.graph.release(s)
     s.free([p for p in step.intermediates.values() if p in s.buffers])
 
 
