@@ -16,10 +16,16 @@ traces what they do into a ``torch.fx.GraphModule``:
 
 Every later replay calls the graph's generated Python (``GraphModule.forward``: the ops one
 after another, nothing else), or, where the proxy is set to (``graphs="inductor"``), the
-graph compiled by the proxy's own ``torch.compile`` (inductor: C++/OpenMP kernels on a CPU
-proxy, Triton on a GPU proxy), compiled once per content and shared by every session with
-the same graph, within a per-session budget of compile time. Only the checked ATen nodes of
-the allow-list and plain values become code; nothing a client wrote is run as code.
+graph compiled by the proxy's own inductor (``torch._inductor.compile``: C++/OpenMP kernels
+on a CPU proxy, Triton on a GPU proxy; no TorchDynamo frame, whose guards would check every
+input on every call; ``graphs="cudagraphs"`` on a GPU: ``torch.compile``'s
+``reduce-overhead``), compiled once per content and shared by every session with the same
+graph, within a per-session budget of compile time. Only the checked ATen nodes of the
+allow-list and plain values become code; nothing a client wrote is run as code.
+
+A graph keeps its inputs' views between replays while their bindings and buffers stay (the
+session's weights, its optimizer's state): a replay makes only those of the buffers it binds
+anew, and a buffer freed or replaced drops the views of it (``SessionState.view_users``).
 
 A step that cannot be one graph (an op of its own rules: randomness lent to ops without a
 generator, the CPU's gaps; a buffer it makes viewed as another dtype) replays call by call,
@@ -553,8 +559,8 @@ def _compiled(
     graph: StepGraph, inputs: list[Any], budget: Callable[[float], None], mode: str
 ) -> tuple[Any, Any]:
     """``graph`` compiled by inductor (found in the cache, else compiled within the
-    session's budget; one compile at a time: TorchDynamo compiles one frame at a time) and
-    its outputs for ``inputs``."""
+    session's budget; one compile at a time: inductor's and TorchDynamo's state is the
+    process's) and its outputs for ``inputs``."""
     import torch
 
     cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs[2:])
@@ -569,15 +575,18 @@ def _compiled(
             found = False
             budget(-1.0)
             t0 = time.perf_counter()
-            fn = torch.compile(
-                graph.gm.forward,
-                backend="inductor",
-                fullgraph=True,
-                dynamic=False,
-                mode=compile_mode,
-            )
             try:
-                out = fn(*inputs)  # compiles, then runs
+                if compile_mode is None:
+                    fn = _inductor(graph.gm, inputs)
+                else:  # (CUDA graphs: inductor's own, behind a TorchDynamo frame)
+                    fn = torch.compile(
+                        graph.gm.forward,
+                        backend="inductor",
+                        fullgraph=True,
+                        dynamic=False,
+                        mode=compile_mode,
+                    )
+                out = fn(*inputs)  # (compiles first, behind TorchDynamo)
             finally:
                 budget(time.perf_counter() - t0)
             _COMPILED[key] = fn
@@ -586,6 +595,27 @@ def _compiled(
     if found:
         out = fn(*inputs)
     return fn, out
+
+
+def _inductor(gm: Any, inputs: list[Any]) -> Callable[..., Any]:
+    """Graph ``gm`` compiled by inductor as it is (``torch._inductor.compile``): no
+    TorchDynamo frame in front, whose guards would check every input on every call (they hold
+    by construction: each input is a view of its recorded layout, the graph's code and the
+    inputs' aliasing are the cache's key). The session's generator is no input of it (a graph
+    that draws from it is not compiled)."""
+    import torch
+    import torch._inductor
+
+    g = torch.fx.Graph()
+    g.output(g.graph_copy(gm.graph, {}))
+    for node in [n for n in g.nodes if n.op == "placeholder"][:2]:  # (rng, lender: unused)
+        g.erase_node(node)
+    core = torch._inductor.compile(torch.fx.GraphModule(torch.nn.Module(), g), inputs[2:])
+
+    def run(*args: Any) -> Any:
+        return core(*args[2:])
+
+    return run
 
 
 def _content_key(graph: StepGraph, inputs: list[Any], options: str) -> str:
