@@ -78,9 +78,9 @@ def test_compiled_models_train_as_eager_on_the_cpu(device: str, name: str) -> No
 def test_a_plain_pytorch_cnn_compiled_against_a_proxy_process() -> None:
     """A CNN with batch norm, layer norm, GELU and pooling, AdamW with clipping, 6 steps
     under ``torch.compile(backend="gpuremote")`` against a ``gpuremote serve --backend
-    numpy`` process: within 1e-4 of eager on the local CPU, a few frames a step (each
-    replay goes at once, the eager update's posts as they fall due; the compilation's
-    included), not one a call."""
+    numpy`` process: within 1e-4 of eager on the local CPU, a few frames a step of several
+    calls each (each replay goes at once, the eager update's posts as they fall due; the
+    compilation's included), not one a call."""
 
     class CNN(nn.Module):
         def __init__(self) -> None:
@@ -96,13 +96,14 @@ def test_a_plain_pytorch_cnn_compiled_against_a_proxy_process() -> None:
             x = F.adaptive_avg_pool2d(F.gelu(self.conv2(x)), 1).flatten(1)
             return self.fc(self.norm(x))
 
-    def run(device: str, compile: bool) -> tuple[list[float], dict[str, Any], int]:
+    def run(device: str, compile: bool) -> tuple[list[float], dict[str, Any], int, int]:
         torch.manual_seed(0)
         model = CNN().to(device)
         step: Any = torch.compile(model, backend="gpuremote") if compile else model
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         g = torch.Generator().manual_seed(1)
         frames = gt.stats()["frames_sent"] if compile else 0
+        calls = sum(gt.stats()["calls"].values()) if compile else 0
         losses = []
         for _ in range(6):
             x, y = torch.randn(8, 3, 16, 16, generator=g), torch.randint(0, 10, (8,), generator=g)
@@ -114,7 +115,8 @@ def test_a_plain_pytorch_cnn_compiled_against_a_proxy_process() -> None:
             losses.append(loss.item())
         if compile:
             frames = gt.stats()["frames_sent"] - frames
-        return losses, {k: v.cpu() for k, v in model.state_dict().items()}, frames
+            calls = sum(gt.stats()["calls"].values()) - calls
+        return losses, {k: v.cpu() for k, v in model.state_dict().items()}, frames, calls
 
     torch._dynamo.reset()
     expected = run("cpu", False)
@@ -126,7 +128,9 @@ def test_a_plain_pytorch_cnn_compiled_against_a_proxy_process() -> None:
     for k, v in expected[1].items():
         assert torch.allclose(v.double(), got[1][k].double(), rtol=1e-4, atol=1e-6), k
     assert stats["graph_replays"] == 10
-    assert got[2] <= 6 * 10, f"{got[2]} frames in 6 steps"
+    # (how many depends on the machine's load: a post falls due after a while; ~50 calls a
+    # step go in 6-9 frames here)
+    assert got[2] * 3 <= got[3], f"{got[2]} frames for {got[3]} calls in 6 steps"
 
 
 def test_inference_under_no_grad_is_one_graph(device: str) -> None:
