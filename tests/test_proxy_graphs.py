@@ -331,6 +331,38 @@ def test_a_graph_keeps_its_inputs_views_only_while_their_buffers_are(
     assert not any(graph in users for users in state.view_users.values())
 
 
+def test_a_compiled_graph_runs_as_its_code_where_its_inputs_share_buffers_otherwise() -> None:
+    """A graph compiled by inductor is specialised to how its inputs shared buffers when it
+    was compiled: a replay binding them otherwise runs the graph's own code (correct for any
+    sharing), the compiled one again once they share as before."""
+    limits = SessionLimits(graphs="inductor")
+    d = SyncDriver(None, serve="numpy", proxy_options={"session_limits": limits})
+    try:
+        w = _upload(d, np.array([1, 2, 3, 4], np.float32))
+        x = _upload(d, np.array([2, 2, 2, 2], np.float32))
+        step, _ = _scale_step(d, x, w)
+
+        def run(arg: int) -> list[Any]:
+            new = d.session.new_handle()
+            d.post(C["step_run"], 0, [step, [arg], [new]])
+            return _read(d, new, 4)
+
+        for _ in range(3):  # traced, compiled, the compiled callable
+            assert run(x) == [2.0, 4.0, 6.0, 8.0]
+        (session,) = d._proxy.clients.values()
+        graph = session.executor.steps[step].graph
+        assert graph.compiled is not None and graph.aliasing() == ()
+        calls = []
+        compiled = graph.compiled
+        graph.compiled = lambda *args: calls.append(1) or compiled(*args)
+        assert run(w) == [1.0, 4.0, 9.0, 16.0]  # the argument is the weight's buffer
+        assert graph.aliasing() == (0, 0) and calls == []
+        assert run(x) == [2.0, 4.0, 6.0, 8.0]
+        assert calls == [1]
+    finally:
+        d.close()
+
+
 def test_binding_by_buffers_is_binding_by_the_recorded_descriptors() -> None:
     """``RecordedStep.bind_buffers`` (``step_run``'s) binds what ``bind`` binds for the
     descriptors the step was recorded with, and refuses, as it does, one buffer viewed

@@ -380,3 +380,30 @@ def test_outputs_naming_one_handle_twice_are_refused(
     d.post(C["aten_call"], 0, [t, [x, 0], [other, other], []])
     assert "a handle of their own" in _error(d).message
     _ok(d, x)
+
+
+def test_an_out_op_cannot_grow_the_memory_under_a_kept_buffer(
+    sessions: tuple[SyncDriver, SyncDriver],
+) -> None:
+    """A buffer an op made is the tensor it made (no copy), and the views an op only reads
+    are taken of that tensor; an ``out=`` op whose ``out`` is a view of such a buffer too
+    small for the result is refused (the buffer's memory cannot grow), not run on memory
+    moved from under the buffer, and the buffer and the session go on."""
+    d, other = sessions
+    x = _upload(d, [1, 2, 3, 4])
+    kept = d.session.new_handle()
+    d.post(C["aten_call"], 0, [_template(d), [x, 0, x, 0], [kept], []])
+    assert _read(d, kept, 4) == [2, 4, 6, 8]
+    grow = d.session.new_handle()  # add.out(x, x, out=<2 floats of kept, from byte 8>)
+    out_args = [[{"t": 0}, {"t": 1}], {"out": {"t": 2}}]
+    layouts = [_layout(4), _layout(4), _layout(2)]
+    d.post(C["aten_template"], 0, [grow, "add.out", layouts, out_args, []])
+    for _ in range(2):
+        d.post(C["aten_call"], 0, [grow, [x, 0, x, 0, kept, 8], [], []])
+        err = _error(d)
+        assert err.call == "aten_call" and "resiz" in err.message, err.message
+        assert _read(d, kept, 4) == [2, 4, 6, 8]
+    again = d.session.new_handle()
+    d.post(C["aten_call"], 0, [_template(d), [kept, 0, kept, 0], [again], []])
+    assert _read(d, again, 4) == [4, 8, 12, 16]
+    _ok(other, _upload(other, [1, 1, 1, 1]))

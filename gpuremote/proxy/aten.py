@@ -264,9 +264,11 @@ class AtenSession:
         strides: tuple[int, ...],
         dtype_name: str,
         end: int,
+        read_only: bool = False,
     ) -> Any:
         """``tensor`` of a descriptor given by its parts and its extent ``end`` (the byte
-        past the last it reaches; 0: none)."""
+        past the last it reaches; 0: none). ``read_only``: no op writes it, so that it may be
+        a view of the tensor kept as the buffer (``keep_as_is``), whose storage may grow."""
         s = self.state
         buf = s.buffers.get(handle)
         if buf is None:
@@ -285,6 +287,8 @@ class AtenSession:
         views = s.views.get(handle)
         key = ("torch", dtype_name)
         typed = views.get(key) if views is not None else None
+        if typed is None and read_only and views is not None:
+            typed = views.get(("kept", dtype_name))
         if typed is None:
             dtype = self.dtypes[dtype_name]
             if nbytes < itemsize:  # no element fits (a 0-byte view of bytes has stride 0)
@@ -528,11 +532,14 @@ class AtenSession:
 
     def keep_as_is(self, handle: int, r: Any, nbytes: int, dtype_name: str) -> None:
         """Tensor ``r`` (``kept_as_is``: its storage its own, all of it) is buffer
-        ``handle`` now; it is also the flat tensor of its dtype the buffer's views are taken
-        of (``strided``), so that an op reading it makes none."""
+        ``handle`` now; the views of it an op only reads are taken of ``r`` (``("kept",
+        dtype)``: ``strided``'s ``read_only``), so that such an op makes no flat tensor of the
+        buffer first. Never a written one: ``r``'s storage is torch's, which an ``out=`` op
+        may grow, moving it from under the buffer; a written view is taken of the buffer's
+        own memory (``("torch", dtype)``), which cannot grow."""
         s = self.state
         s.adopt(handle, self.runtime.adopt(r), nbytes)
-        s.views[handle] = {("torch", dtype_name): r}
+        s.views[handle] = {("kept", dtype_name): r}
 
     def adopt_results(self, name: str, made: Sequence[Any], handles: Sequence[int]) -> list[Any]:
         """Keep what a data-dependent op made, each as a new buffer under the client's

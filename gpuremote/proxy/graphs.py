@@ -87,6 +87,9 @@ class StepGraph:
         #: the bytes it reaches from its offset; the key under which a graph's result is
         #: kept as the whole of its buffer, where the input is that)
         self.inputs: list[tuple[int, TensorDesc, int, int, Any]] = []
+        #: the inputs an op of the graph writes: their views are of the buffer's own memory,
+        #: never of a tensor kept as the buffer (whose storage an ``out=`` op could grow)
+        self.written: set[int] = set()
         self.gm: Any = None
         self.forward: Callable[..., Any] | None = None
         self.compiled: Any = None
@@ -121,6 +124,12 @@ class StepGraph:
         #: are this replay's alone: not kept, so that they keep no freed buffer's memory)
         self._last: list[Any] = []
         self._passing: list[int] = []
+        #: the last replay's bindings (``inputs_of``), and how its inputs share buffers
+        #: (``_aliasing``; None: not worked out since they changed), beside how those the
+        #: compiled callable was compiled for did: a compiled graph is specialised to it
+        self._now: list[Any] = []
+        self._aliasing: tuple[int, ...] | None = None
+        self._compiled_aliasing: tuple[int, ...] | None = None
         #: per result: the recorded handle a replay binds
         self._result_keys: list[int] = []
         self._plan()
@@ -210,6 +219,8 @@ class StepGraph:
         args, made_for = self._args, self._made_for
         get = binds.get
         now = [get(h) for h in self._bind_keys]  # (None: a buffer of the session's)
+        if now != self._now:
+            self._now, self._aliasing = now, None
         if now != made_for:
             last, passing = self._last, self._passing
             changed = [i for i, (x, y) in enumerate(zip(now, made_for, strict=True)) if x != y]
@@ -228,6 +239,21 @@ class StepGraph:
         args[0], args[1] = rng.generator, rng
         return args
 
+    def aliasing(self) -> tuple[int, ...]:
+        """How the last replay's inputs share buffers: () where none does, else each
+        input's buffer numbered in order of first use (distinct buffers never overlap)."""
+        if self._aliasing is None:
+            handles = [
+                b[0] if b is not None else h
+                for b, h in zip(self._now, self._bind_keys, strict=True)
+            ]
+            if len(set(handles)) == len(handles):
+                self._aliasing = ()
+            else:
+                ids: dict[int, int] = {}
+                self._aliasing = tuple(ids.setdefault(h, len(ids)) for h in handles)
+        return self._aliasing
+
     def let_go(self) -> None:
         """The replay is done: the views that were its alone go."""
         args = self._args
@@ -244,8 +270,9 @@ class StepGraph:
         views = s.views
         kept = views.get(handle)
         t = None
+        read_only = i not in self.written
         if kept is not None:
-            if whole is not None and not shift:
+            if whole is not None and not shift and read_only:
                 t = kept.get(whole)  # a graph's result, as it made it
             if t is None:
                 t = kept.get(key)
@@ -256,7 +283,7 @@ class StepGraph:
                     "an argument's offset would move the step's views before its buffer"
                 )
             end = offset + reach if reach else 0
-            t = a.strided(handle, offset, d.sizes, d.strides, d.dtype, end)
+            t = a.strided(handle, offset, d.sizes, d.strides, d.dtype, end, read_only)
             kept = views.setdefault(handle, {})
             if len(kept) >= _MAX_VIEWS:  # (graphs recorded again and again: start over)
                 kept.clear()
@@ -297,9 +324,14 @@ class StepGraph:
         t0, h0 = time.perf_counter_ns(), time.thread_time_ns()
         try:
             if mode in _COMPILING and not self.uses_rng and self.compiled is None:
+                self._compiled_aliasing = self.aliasing()
                 self.compiled, out = _compiled(self, inputs, budget, mode)
             else:
-                fn = self.compiled if self.compiled is not None else self.forward
+                fn = self.compiled
+                # (inputs sharing buffers otherwise than compiled for: the graph's own code,
+                # which takes any)
+                if fn is None or self.aliasing() != self._compiled_aliasing:
+                    fn = self.forward
                 assert fn is not None
                 out = fn(*inputs)
         except CallFailed:
@@ -341,6 +373,7 @@ class _Tracer:
         self.slot_of = {d.handle: k for k, d in enumerate(graph.step.slots)}
         self.rng_used = False
         self.node_call: dict[str, int] = {}  # an op's node -> the step's call it is
+        self.input_of: dict[Any, int] = {}  # an input's node -> its index among the inputs
 
     def alloc(self, d: TensorDesc) -> None:
         """An allocation of the step: a zeroed tensor, as the op-by-op path's buffer."""
@@ -367,6 +400,7 @@ class _Tracer:
                 reach = d.extent - d.offset if d.extent else 0
                 whole = _whole(d) if not d.offset else None
                 graph.inputs.append((slot, d, next(_INPUT_KEYS), reach, whole))
+                self.input_of[node] = len(graph.inputs) - 1
                 seen[key] = (node, t)
             return seen[key]
         node, t, out = base
@@ -388,6 +422,13 @@ class _Tracer:
         allowed = resolve_op(name)
         pairs = [self.operand(d) for d in tensors]
         nodes = [p[0] for p in pairs]
+        for j, arg_name in allowed.writes:  # the inputs it writes (``StepGraph.written``)
+            value = encoded[0][j] if j < len(encoded[0]) else encoded[1].get(arg_name)
+            for v in value if type(value) is list else [value]:
+                if type(v) is dict and "t" in v and v["t"] < len(nodes):
+                    index = self.input_of.get(nodes[v["t"]])
+                    if index is not None:
+                        self.graph.written.add(index)
         values = [p[1] for p in pairs]
         args_n = [_symbolic(a, v, nodes) for v in encoded[0]]
         kwargs_n = {k: _symbolic(a, v, nodes) for k, v in encoded[1].items()}
@@ -506,8 +547,8 @@ def replay_graph(
                 except BaseException:
                     step.graph = None
                     raise
-            inputs = graph.inputs_of(s, a, binds)
             try:
+                inputs = graph.inputs_of(s, a, binds)
                 return list(graph.run(inputs, s.limits.graphs, _budget(s)))
             finally:
                 graph.let_go()
@@ -520,17 +561,26 @@ def replay_graph(
     if not buffers.keys().isdisjoint(handles) or len(set(handles)) < len(handles):
         in_use = next(h for k, h in enumerate(handles) if h in buffers or h in handles[:k])
         raise CallFailed(f"buffer handle {in_use} is already in use")
+    made: set[int] = set()  # the results' memory: two of them never one buffer's
     for r, d, handle, extent, whole in zip(
         results, graph.results, handles, graph.extents, graph.wholes, strict=True
     ):
         # the trace made each result the client's layout, from byte 0 of its own memory
-        if keep and r.storage_offset() == 0 and r.untyped_storage().nbytes() == extent:
+        storage = r.untyped_storage()
+        address = storage.data_ptr()
+        if (
+            keep
+            and r.storage_offset() == 0
+            and storage.nbytes() == extent
+            and (address not in made or not extent)
+        ):
+            made.add(address)
             s.adopt(handle, adopt(r), extent)
             # the view a graph's input of it takes (r itself), and the flat tensor of its
-            # dtype others are taken of (``AtenSession.strided``: r, whose storage it is)
-            views[handle] = {whole: r, ("torch", d.dtype): r}
-        elif keep:
-            a.operand_memory = set()
+            # dtype others are taken of: both for reading only (``AtenSession.keep_as_is``)
+            views[handle] = {whole: r, ("kept", d.dtype): r}
+        elif keep:  # (copied into a buffer of its own)
+            a.operand_memory = made | {address}
             a.keep_outputs(name, [r], [d._replace(handle=handle)])
         else:
             s.alloc(handle, extent)

@@ -74,7 +74,8 @@ class AtenTemplate:
                 d.dtype,
                 TENSOR_DTYPES[d.dtype],
                 _reach(d),
-                ("torch", d.dtype),
+                ("torch", d.dtype),  # the buffer's own memory as a flat tensor
+                ("kept", d.dtype),  # the tensor kept as the buffer (read-only views only)
                 a.layout_ids.setdefault((d.sizes, d.strides, d.dtype), len(a.layout_ids)),
             )
             for d in operands
@@ -187,7 +188,9 @@ class AtenTemplate:
         buffers, views, strided, kept = s.buffers, s.views, a.strided, self.kept
         tensors: list[Any] = []
         reads: list[Any] = []
-        for k, (sizes, strides, dtype, itemsize, reach, key, lid) in enumerate(self.layouts):
+        for k, (sizes, strides, dtype, itemsize, reach, key, kept_key, lid) in enumerate(
+            self.layouts
+        ):
             handle, offset = places[2 * k], places[2 * k + 1]
             own = views.get(handle)  # (a view kept there was checked when it was made)
             if own is not None and kept[k]:
@@ -198,6 +201,8 @@ class AtenTemplate:
                     continue
             end = offset + reach if reach else 0  # (0: no elements, no byte reached)
             typed = None if own is None else own.get(key)  # the buffer as a flat tensor
+            if typed is None and own is not None and kept[k]:  # (only read: ``keep_as_is``)
+                typed = own.get(kept_key)
             if (
                 typed is None
                 or offset % itemsize
@@ -207,7 +212,7 @@ class AtenTemplate:
                     raise CallFailed(
                         f"operand {k} at offset {offset}: not a multiple of {itemsize}"
                     )
-                t = strided(handle, offset, sizes, strides, dtype, end)  # (checks)
+                t = strided(handle, offset, sizes, strides, dtype, end, kept[k])  # (checks)
             else:
                 t = typed.as_strided(sizes, strides, offset // itemsize if end else 0)
             if kept[k]:
