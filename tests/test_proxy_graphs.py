@@ -269,16 +269,15 @@ def test_a_run_by_buffers_binds_each_where_its_argument_was_recorded(driver: Syn
     assert _read(d, again, 2) == [16.0, 1.0]
 
 
-def _scale_step(d: SyncDriver, x: int, w: int) -> tuple[int, int]:
+def _scale_step(d: SyncDriver, x: int, w: int, writes: bool = False) -> tuple[int, int]:
     """A step of one call, ``out = x * w``: ``x`` its argument, ``w`` a buffer of the
-    session's (a weight: an input of the graph that no replay binds)."""
+    session's (a weight: an input of the graph that no replay binds); ``writes``: then
+    ``x *= 1`` (in place: the graph writes an input)."""
     out, step = d.session.new_handle(), d.session.new_handle()
-    program = [
-        [[x, 0, [16], "uint8"]],
-        [_aten("mul.Tensor", [_t(x, 4), _t(w, 4)], [_t(out, 4)])],
-        [0],
-        [out],
-    ]
+    calls = [_aten("mul.Tensor", [_t(x, 4), _t(w, 4)], [_t(out, 4)])]
+    if writes:
+        calls.append(_aten("mul_.Scalar", [_t(x, 4)], [], [{"t": 0}, 1.0]))
+    program = [[[x, 0, [16], "uint8"]], calls, [0], [out]]
     d.post(C["step_record"], 0, [step, program])
     return step, out
 
@@ -333,14 +332,15 @@ def test_a_graph_keeps_its_inputs_views_only_while_their_buffers_are(
 
 def test_a_compiled_graph_runs_as_its_code_where_its_inputs_share_buffers_otherwise() -> None:
     """A graph compiled by inductor is specialised to how its inputs shared buffers when it
-    was compiled: a replay binding them otherwise runs the graph's own code (correct for any
-    sharing), the compiled one again once they share as before."""
+    was compiled (where it writes one of them): a replay binding them otherwise runs the
+    graph's own code (correct for any sharing), the compiled one again once they share as
+    before."""
     limits = SessionLimits(graphs="inductor")
     d = SyncDriver(None, serve="numpy", proxy_options={"session_limits": limits})
     try:
         w = _upload(d, np.array([1, 2, 3, 4], np.float32))
         x = _upload(d, np.array([2, 2, 2, 2], np.float32))
-        step, _ = _scale_step(d, x, w)
+        step, _ = _scale_step(d, x, w, writes=True)
 
         def run(arg: int) -> list[Any]:
             new = d.session.new_handle()

@@ -240,8 +240,12 @@ class StepGraph:
         return args
 
     def aliasing(self) -> tuple[int, ...]:
-        """How the last replay's inputs share buffers: () where none does, else each
-        input's buffer numbered in order of first use (distinct buffers never overlap)."""
+        """How the last replay's inputs share buffers: () where none does, or where the
+        graph writes none of them (reads of a buffer through several inputs are the same
+        compiled or not), else each input's buffer numbered in order of first use (distinct
+        buffers never overlap)."""
+        if not self.written:
+            return ()
         if self._aliasing is None:
             handles = [
                 b[0] if b is not None else h
