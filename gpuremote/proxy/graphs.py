@@ -25,7 +25,11 @@ allow-list and plain values become code; nothing a client wrote is run as code.
 
 A graph keeps its inputs' views between replays while their bindings and buffers stay (the
 session's weights, its optimizer's state): a replay makes only those of the buffers it binds
-anew, and a buffer freed or replaced drops the views of it (``SessionState.view_users``).
+anew, and a buffer freed or replaced drops the views of it (``SessionState.view_users``). An
+input the graph only reads may be a view of the tensor kept as its buffer (a graph's result:
+``AtenSession.keep_as_is``); one it writes is a view of the buffer's own memory, which no
+``out=`` op can grow. A compiled graph is specialised to how its inputs shared buffers when it
+was compiled, where it writes one: a replay that binds them otherwise runs the graph's code.
 
 A step that cannot be one graph (an op of its own rules: randomness lent to ops without a
 generator, the CPU's gaps; a buffer it makes viewed as another dtype) replays call by call,
