@@ -563,7 +563,7 @@ def replay_graph(
 
     results = a.runtime.run(job, [], [], stream)
     name = f"step {step.handle}"
-    adopt, views, buffers = a.runtime.adopt, s.views, s.buffers
+    keep_as_is, views, buffers = a.keep_as_is, s.views, s.buffers
     s.check_room(len(results))
     handles = [binds[h][0] for h in graph._result_keys]
     if not buffers.keys().isdisjoint(handles) or len(set(handles)) < len(handles):
@@ -583,10 +583,8 @@ def replay_graph(
             and (address not in made or not extent)
         ):
             made.add(address)
-            s.adopt(handle, adopt(r), extent)
-            # the view a graph's input of it takes (r itself), and the flat tensor of its
-            # dtype others are taken of: both for reading only (``AtenSession.keep_as_is``)
-            views[handle] = {whole: r, ("kept", d.dtype): r}
+            keep_as_is(handle, r, extent, d.dtype)
+            views[handle][whole] = r  # (the view a graph's input of it reads: r itself)
         elif keep:  # (copied into a buffer of its own)
             a.operand_memory = made | {address}
             a.keep_outputs(name, [r], [d._replace(handle=handle)])
