@@ -259,7 +259,7 @@ def _requirements_config(args: argparse.Namespace) -> Any:
         "tolerance": args.tolerance,
         "quick": quick,
     }
-    if args.transport != "emu+inproc":
+    if args.transport not in ("emu+inproc", "emu+tcp"):
         return RequirementsConfig(
             **common,
             backend=args.backend,
@@ -436,7 +436,9 @@ _REQUIREMENTS_OPTIONS = (
         default="mlp,transformer,upload",
         help="comma-separated: mlp, transformer, upload (the async API's), resnet18, bert, "
         "gpt2 (PyTorch: the paper's sizes over emu+inproc, the small ones with --quick; "
-        "modes optimized (eager), compiled, unoptimized; needs the [torch] extra)",
+        "modes optimized (eager), compiled, unoptimized; needs the [torch] extra; "
+        "--transport emu+tcp runs them with the proxy in a process of its own behind the "
+        "emulated link, sending as the client's batching policy says)",
     ),
     _option(
         "--rtts",

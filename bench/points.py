@@ -6,13 +6,17 @@ PyTorch workloads' (``torch_requirements``)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from gpuremote.config import PipelineConfig
 from gpuremote.tools.model import Costs, predict
 from gpuremote.tools.model import local_seconds as local_seconds_of
 
@@ -28,6 +32,9 @@ class Mode:
     optimized: bool  # the model's switch
     unavailable: str | None = None  # why this mode cannot run yet (None: it can)
     run: tuple[tuple[str, Any], ...] = ()  # keyword arguments of the workload
+    #: how the client sends what it queues, for the model: None, when it next waits (the
+    #: in-process sweep's); a configuration, by a synchronous driver's batching policy
+    posts: PipelineConfig | None = None
 
     def workload(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` as this mode runs it (its local baseline stays plain ``fn``)."""
@@ -64,6 +71,29 @@ def _run_queue_s() -> float:
             return int(fh.read().split()[1]) / 1e9
     except (OSError, IndexError, ValueError):
         return 0.0
+
+
+def _lost_s() -> float:
+    """Seconds this thread has waited for a CPU beyond what this process's other threads
+    ran (Linux's schedstat; 0 where unknown): they share its CPUs, and their time is the
+    program's own (PyTorch's autograd thread of a device, where a backward pass runs; a
+    driver's helper thread sending), not other processes'. At most what other processes
+    took from it (their threads' time may also fall where this one did not wait)."""
+    me = threading.get_native_id()
+    others = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return 0.0
+    for tid in tasks:
+        if int(tid) == me:
+            continue
+        with (
+            contextlib.suppress(OSError, IndexError, ValueError),  # (one that ended)
+            open(f"/proc/self/task/{tid}/schedstat") as fh,
+        ):
+            others += int(fh.read().split()[0])
+    return _run_queue_s() - others / 1e9
 
 
 def _remote_calls(trace: list[Any], optimized: bool) -> tuple[int, int, float, float]:
@@ -111,7 +141,15 @@ def _predicted(
 ) -> tuple[float, Costs, list[Any]]:
     costs, scaled = _fitted(trace, mode, run, per_trip)
     bw = None if bw_gbit is None else bw_gbit * 1e9
-    p = predict(scaled, rtt_us * 1e-6, bw, optimized=mode.optimized, costs=costs, batched=True)
+    p = predict(
+        scaled,
+        rtt_us * 1e-6,
+        bw,
+        optimized=mode.optimized,
+        costs=costs,
+        batched=True,
+        posts=mode.posts,
+    )
     return p.seconds, costs, scaled
 
 
@@ -279,7 +317,9 @@ def _emulated_point(
     # up by what no CPU figure shows), in proportion to the proxy's own time in the point's run
     per_trip = _per_trip(trace, mode, bare, like=r)
     predicted, costs, scaled = _predicted(trace, mode, r, per_trip, rtt, bw)
-    ideal = predict(trace, rtt * 1e-6, bw * 1e9, optimized=mode.optimized, batched=True).seconds
+    ideal = predict(
+        trace, rtt * 1e-6, bw * 1e9, optimized=mode.optimized, batched=True, posts=mode.posts
+    ).seconds
     err = predicted / r.wall - 1
     emu_error = r.late / r.wall
     stolen = (r.stolen + bare[i].stolen) / r.wall

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 import gpuremote
+from gpuremote.errors import ConfigError
 from gpuremote.tools.direct import connect_direct, trace_of
 from gpuremote.tools.model import Costs, predict
 from gpuremote.tools.model import local_seconds as local_seconds_of
@@ -227,6 +228,11 @@ async def _fit_proxy_cost(
     return bare, replace(costs, proxy_per_call=lo)
 
 
+#: the transports of the sweep on the simulated device: its proxy in this process, or (the
+#: PyTorch workloads) in a process of its own behind the emulated link
+EMULATED = ("emu+inproc", "emu+tcp")
+
+
 def _emu(url: str, rtt_us: float, bw_gbit: float) -> str:
     return f"emu+{url}?rtt={rtt_us}us&bw={bw_gbit}gbit"
 
@@ -244,7 +250,7 @@ async def run_requirements(
 ) -> dict[str, Any]:
     """The sweep (see the module docstring): over ``emu+inproc`` on the simulated device, or
     over emulated links on top of a real transport."""
-    if cfg.transport == "emu+inproc" and cfg.url is None:
+    if cfg.transport in EMULATED and cfg.url is None:
         return await _run_emulated(cfg, report)
     return await _run_real(cfg, report)
 
@@ -501,9 +507,22 @@ async def _run_emulated(
     proxy = Proxy(backend, inline_us=math.inf, contention_s=0.0)
     base = await proxy.start(f"inproc://{name}")
     out: list[dict[str, Any]] = []
-    from .torch_requirements import TORCH_WORKLOADS, torch_modes, torch_workload
+    from .torch_requirements import (
+        TORCH_WORKLOADS,
+        torch_modes,
+        torch_workload,
+        torch_workload_linked,
+    )
 
     torch_names = [w for w in cfg.workloads if w in TORCH_WORKLOADS]
+    linked = cfg.transport == "emu+tcp"  # the PyTorch workloads' proxy in a process of its own
+    if linked and len(torch_names) < len(cfg.workloads):
+        await proxy.close()
+        others = sorted(set(cfg.workloads) - set(torch_names))
+        raise ConfigError(
+            f"--transport emu+tcp runs the PyTorch workloads ({', '.join(TORCH_WORKLOADS)}), "
+            f"not {', '.join(others)}: those over emu+inproc, or tcp for a real proxy"
+        )
     modes_torch = torch_modes(cfg.modes) if torch_names else []
     grid = len(cfg.rtts_us) * len(cfg.bws_gbit)
     total = (len(cfg.workloads) - len(torch_names)) * len(modes) * grid
@@ -513,10 +532,9 @@ async def _run_emulated(
     try:
         for wname in cfg.workloads:
             if wname in TORCH_WORKLOADS:  # synchronous PyTorch: in a thread of its own
+                run = torch_workload_linked if linked else torch_workload
                 out.append(
-                    await asyncio.to_thread(
-                        torch_workload, cfg, backend, modes_torch, wname, sweep.progress
-                    )
+                    await asyncio.to_thread(run, cfg, backend, modes_torch, wname, sweep.progress)
                 )
             else:
                 out.append(await _emulated_workload(sweep, wname, sizes[wname]))
@@ -527,7 +545,9 @@ async def _run_emulated(
         "bench": "requirements",
         "device": backend,
         "device_info": dict(proxy.backend.device_info()),
-        "transport": "emu+inproc",
+        "transport": cfg.transport,
+        # where the proxy ran: this process's event loop, or a process of its own
+        "proxy": "process" if linked else "in process",
         "url": base,
         "tolerance": cfg.tolerance,
         "modes": [m.name for m in modes],

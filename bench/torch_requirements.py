@@ -39,20 +39,29 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any, cast
 
+from .linked_proxy import LinkedProxy
 from .points import (
     Mode,
+    _lost_s,
     _Point,
     _Progress,
     _Run,
-    _run_queue_s,
     judge_workload,
 )
 from .torch_local import local_baseline
 from .torch_ops import _step, _updater
 
-__all__ = ["TORCH_MODES", "TORCH_WORKLOADS", "torch_modes", "torch_workload"]
+__all__ = [
+    "TORCH_MODES",
+    "TORCH_WORKLOADS",
+    "linked_proxy",
+    "torch_modes",
+    "torch_workload",
+    "torch_workload_linked",
+]
 
 #: the PyTorch workloads (``gpuremote.torch.models``)
 TORCH_WORKLOADS = ("resnet18", "bert", "gpt2")
@@ -119,17 +128,21 @@ class _Program:
     def step(self) -> None:
         _step(self.w, self.model, self.opt, self.x, self.y, self.update)
 
-    def run(self, steps: int, snapshot: Callable[[], tuple[float, ...]]) -> _Run:
+    def run(self, steps: int, snapshot: Callable[[bool], tuple[float, ...]]) -> _Run:
         with _on(self.driver):
-            start = snapshot()
+            start = snapshot(False)
             for _ in range(steps):
                 self.step()
-            end = snapshot()
-        return _Run(*(e - s for e, s in zip(end, start, strict=True)))
+            end = snapshot(True)
+        run = _Run(*(e - s for e, s in zip(end, start, strict=True)))
+        return replace(run, stolen=max(0.0, run.stolen))
 
 
-def _local_snapshot() -> tuple[float, ...]:
-    return (time.perf_counter(), 0.0, 0.0, 0.0, 0.0, _run_queue_s())
+def _local_snapshot(end: bool = False) -> tuple[float, ...]:
+    if end:
+        return (time.perf_counter(), 0.0, 0.0, 0.0, 0.0, _lost_s())
+    lost = _lost_s()  # (read before the run's clock starts: outside it)
+    return (time.perf_counter(), 0.0, 0.0, 0.0, 0.0, lost)
 
 
 class _Link:
@@ -161,26 +174,93 @@ class _Link:
     def set(self, rtt_us: float, bw_gbit: float | None) -> None:
         self.conn.set_link(rtt_us * 1e-6, None if bw_gbit is None else bw_gbit * 1e9)
 
-    def snapshot(self) -> tuple[float, ...]:
+    def snapshot(self, end: bool = False) -> tuple[float, ...]:
+        lost = None if end else _lost_s()  # (outside the run: before its start, after its end)
         return (
             time.perf_counter(),
             self.driver.call_s,  # the client in synchronous calls (sending, waiting)
             self.proxy_end.busy_s,
             self.backend.timing()[1],
             self.conn.late_own_s,
-            _run_queue_s(),
+            _lost_s() if lost is None else lost,
         )
 
     def close(self) -> None:
         self.driver.close()
 
 
+class _ProcessLink:
+    """A session to the proxy process (``bench.linked_proxy``: the link emulated on its side),
+    the client sending by its batching policy (``mode.posts``), instrumented as ``_Link``."""
+
+    def __init__(self, proxy: LinkedProxy, mode: Mode) -> None:
+        from gpuremote.core.driver import SyncDriver
+
+        self.proxy = proxy
+        self.driver = SyncDriver(proxy.url, **mode.connect)
+
+    def set(self, rtt_us: float, bw_gbit: float | None) -> None:
+        self.proxy.set_link(rtt_us * 1e-6, None if bw_gbit is None else bw_gbit * 1e9)
+
+    def snapshot(self, end: bool = False) -> tuple[float, ...]:
+        # what is read here besides the clock is read outside the run (before its start,
+        # after its end): the proxy's counters, a round trip over the pipe
+        if end:
+            now, awaited = time.perf_counter(), self.driver.call_s
+            lost, there = _lost_s(), self.proxy.snapshot()
+        else:
+            there, lost = self.proxy.snapshot(), _lost_s()
+            now, awaited = time.perf_counter(), self.driver.call_s
+        return (
+            now,
+            awaited,
+            there["busy_s"],
+            there["device_waited_s"],
+            there["late_own_s"],
+            lost + there["lost_s"],  # either process's thread waiting for other processes
+        )
+
+    def close(self) -> None:
+        self.driver.close()
+
+
+@contextlib.contextmanager
+def linked_proxy(backend: str) -> Iterator[LinkedProxy]:
+    """The proxy process of ``--transport emu+tcp`` on ``backend``, on a CPU of its own and
+    this process on the others where there are two or more (restored after)."""
+    proxy = LinkedProxy(backend)
+    before = os.sched_getaffinity(0)
+    try:
+        if len(before) > 1:
+            os.sched_setaffinity(0, before - proxy.cpus)
+        yield proxy
+    finally:
+        os.sched_setaffinity(0, before)
+        proxy.close()
+
+
+def _sending(mode: Mode) -> Mode:
+    """``mode`` as a client over ``--transport emu+tcp`` sends: by its driver's batching
+    policy (its defaults, with the mode's options), which the model follows."""
+    from gpuremote.config import PipelineConfig
+
+    return replace(mode, posts=PipelineConfig(**mode.connect))
+
+
 def torch_workload(
-    cfg: Any, backend: str, modes: list[Mode], wname: str, progress: _Progress
+    cfg: Any,
+    backend: str,
+    modes: list[Mode],
+    wname: str,
+    progress: _Progress,
+    linked: LinkedProxy | None = None,
 ) -> dict[str, Any]:
     """One PyTorch workload over the grid in every mode (see the module docstring), as the
-    async sweep reports a workload."""
+    async sweep reports a workload; ``linked``: its remote runs on that proxy process."""
     import torch
+
+    if linked is not None:
+        modes = [_sending(m) for m in modes]
 
     from gpuremote.tools.direct import connect_torch
     from gpuremote.torch.models import workload
@@ -213,7 +293,9 @@ def torch_workload(
         pytorch = local_baseline(w, size, cpu_model, session.executor.backend, eager, steps)
         _settled()
         for mode in modes:
-            link = _Link(backend, mode)
+            link: _Link | _ProcessLink = (
+                _Link(backend, mode) if linked is None else _ProcessLink(linked, mode)
+            )
             try:
                 remote = _Program(w, cpu_model, dict(mode.run).get("compile", False), link.driver)
                 _settled()
@@ -255,6 +337,15 @@ def torch_workload(
         },
         **judged,
     }
+
+
+def torch_workload_linked(
+    cfg: Any, backend: str, modes: list[Mode], wname: str, progress: _Progress
+) -> dict[str, Any]:
+    """``torch_workload`` with its remote runs on a proxy process of its own
+    (``--transport emu+tcp``), started for it and ended after."""
+    with linked_proxy(backend) as proxy:
+        return torch_workload(cfg, backend, modes, wname, progress, linked=proxy)
 
 
 def _settled() -> None:

@@ -167,3 +167,32 @@ def test_bench_requirements_json_schema(tmp_path: Path, cli: Cli) -> None:
     assert set(w["min_requirement"]["optimized"]) == {"rtt_us", "bw_gbit"}
     trips = w["sync_round_trips_per_step"]
     assert trips["optimized"] == 1.0 and trips["unoptimized"] > trips["optimized"]
+
+
+def test_the_model_sends_posts_as_the_driver_policy_does() -> None:
+    """``posts``: a synchronous driver's batching policy (``gpuremote.session.batching``)."""
+    from gpuremote.config import PipelineConfig
+
+    ms = 1e-3
+    # a compiled graph's replay (10 ms on the device), then 9 ms of the client's own work
+    replay = TraceEntry("step_run", "async", 0, 0, 0.0, 0.0, kernel_s=10 * ms)
+    frees = [TraceEntry("free", "async", 0, 0, ms, 0.0)] * 9
+    step = [replay, *frees, TraceEntry("aten", "sync", 0, 8, 0.0, 0.0)]
+    at_once = PipelineConfig(post_delay_us=1e9, post_batch_calls=0)
+    # sent at once, the replay runs beside the client; sent at its wait, after it
+    assert predict(step, 0.0, None, posts=at_once).seconds == pytest.approx(10 * ms)
+    waits = PipelineConfig(post_delay_us=1e9, post_batch_calls=0, replays_at_once=False)
+    assert predict(step, 0.0, None, posts=waits).seconds == pytest.approx(19 * ms)
+    assert predict(step, 0.0, None, batched=True).seconds == pytest.approx(19 * ms)
+    # four 1 ms launches, 1 ms apart: sent two at a time, they start at 2 and 4 ms
+    launches = [TraceEntry("aten", "async", 0, 0, ms, 0.0, kernel_s=ms)] * 4
+    sync = TraceEntry("aten", "sync", 0, 8, 0.0, 0.0)
+    pairs = PipelineConfig(post_delay_us=1e9, post_batch_calls=2)
+    assert predict([*launches, sync], 0.0, None, posts=pairs).seconds == pytest.approx(6 * ms)
+    # by the delay alone: the helper sends the first two 1.5 ms after the first (at 2.5
+    # ms); the next may wait 6 ms, so the last two go with the waiting call, at 4 ms
+    delayed = PipelineConfig(post_delay_us=1500, post_batch_calls=0)
+    assert predict([*launches, sync], 0.0, None, posts=delayed).seconds == pytest.approx(6.5 * ms)
+    # the optimisations off: every call a round trip, whatever the policy
+    off = predict([*launches, sync], 0.0, None, optimized=False, posts=pairs)
+    assert off.round_trips == 5

@@ -169,3 +169,36 @@ def test_the_requirements_sweep_takes_the_pytorch_workloads() -> None:
     for p in w["points"]:
         assert p["slowdowns"]["pytorch"] == pytest.approx(p["slowdown"])
         assert set(p["slowdowns"]) == {"pytorch", "inproc"}
+
+
+@pytest.mark.slow
+def test_the_sweep_with_its_proxy_in_a_process_of_its_own() -> None:
+    """``--transport emu+tcp``: the PyTorch workloads' remote runs on a proxy process behind
+    the link it emulates, the client sending by its batching policy, which the model follows
+    (a compiled replay at once: the device runs it while the client goes on)."""
+    cfg = RequirementsConfig(
+        transport="emu+tcp",
+        backend="sim:a100",
+        workloads=["gpt2"],
+        rtts_us=[5],
+        bws_gbit=[100],
+        quick=True,
+        repeats=2,
+        modes=["optimized", "compiled"],
+    )
+    result = asyncio.run(run_requirements(cfg))
+    assert result["transport"] == "emu+tcp" and result["proxy"] == "process"
+    (w,) = result["workloads"]
+    assert {p["mode"] for p in w["points"]} == {"optimized", "compiled"}
+    for p in w["points"]:
+        assert p["measured_s"] > 0 and math.isfinite(p["model_error"])
+        assert p["proxy_per_call_us"] > 0  # the proxy process's own time, counted
+        assert p["cpu_stolen"] < 0.5  # (the client's own threads are not other processes)
+
+
+def test_the_emu_tcp_sweep_takes_only_the_pytorch_workloads() -> None:
+    from gpuremote.errors import ConfigError
+
+    cfg = RequirementsConfig(transport="emu+tcp", workloads=["mlp", "gpt2"], quick=True)
+    with pytest.raises(ConfigError, match=r"PyTorch workloads.*not mlp"):
+        asyncio.run(run_requirements(cfg))

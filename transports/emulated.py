@@ -212,6 +212,9 @@ class EmulatedConnection(Connection):
         self._lost_exc: BaseException | None = None
         self._drained: asyncio.Event = asyncio.Event()
         self._drained.set()
+        #: time spent in the receiver, handling the frames the link delivered (a proxy
+        #: running its batches there: its own time, not the emulator's polling)
+        self.busy_s = 0.0
         inner.set_receiver(self._arrived, self._inner_lost)
 
     # outgoing: held until the emulated link would have delivered it
@@ -245,7 +248,11 @@ class EmulatedConnection(Connection):
 
     def _deliver(self, frame: Frame) -> None:
         if self._receiver is not None:
-            self._receiver(frame)
+            t0 = time.perf_counter()
+            try:
+                self._receiver(frame)
+            finally:
+                self.busy_s += time.perf_counter() - t0
             return
         self._inbox.put(frame)
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..config import PipelineConfig
+from ..session.batching import BatchPolicy
 from .direct import TraceEntry
 
 __all__ = ["Costs", "Prediction", "load_trace", "local_seconds", "predict", "save_trace"]
@@ -74,6 +76,7 @@ def predict(
     batched: bool = False,
     max_batch_calls: int = 1024,
     max_batch_bytes: int = 4 << 20,
+    posts: PipelineConfig | None = None,
 ) -> Prediction:
     """Predicted time of ``trace`` remoted over (``rtt_s``, ``bw_bps``).
 
@@ -82,7 +85,12 @@ def predict(
     parallel with the proxy, which waits for it only at a synchronous call. ``batched``:
     asynchronous calls go out together with the next synchronous one, as gpuremote's
     pipeline sends them when the client next waits, or at once when they reach
-    ``max_batch_calls`` or ``max_batch_bytes`` (else each goes out when issued)."""
+    ``max_batch_calls`` or ``max_batch_bytes`` (else each goes out when issued). ``posts``:
+    asynchronous calls go as a synchronous front end's driver sends what it posts under that
+    configuration's policy (``gpuremote.session.batching``): with the next synchronous call,
+    when ``post_batch_calls`` are held, at the first post after the oldest one's delay (or the
+    helper thread at that delay, where no post comes), a compiled graph's replay
+    (``step_run``) at once with ``replays_at_once``."""
     half = (rtt_s + costs.base_rtt) / 2
 
     def wire(nbytes: int) -> float:
@@ -103,8 +111,22 @@ def predict(
         if c.kernel_s:
             device = max(proxy, device) + c.kernel_s
 
+    policy = BatchPolicy(posts) if posts is not None and optimized else None
+    first = 0.0  # when the oldest held call was issued (``posts``)
+
+    def send_held(at: float) -> None:
+        nonlocal up, held, held_bytes
+        up = max(at, up) + wire(held_bytes)
+        for x in held:
+            handle(x, up + half)
+        held, held_bytes = [], 0
+
     for c in trace:
         client += c.gap_s
+        if policy is not None and held and first + policy.delay_s <= client:
+            n = len(held)  # the helper thread: the oldest post was due before this call
+            send_held(first + policy.delay_s)
+            policy.sent_posts(n)
         kind = c.klass
         nin = c.bytes_in
         if kind == "local":
@@ -114,11 +136,26 @@ def predict(
         if not optimized:
             kind = "sync"
         client += costs.client_per_call
+        if policy is not None and kind != "sync":
+            if not held:
+                first = client
+            held.append(c)
+            held_bytes += c.bytes_out
+            n = len(held)
+            if policy.post_due(n, client - first):
+                send_held(client)
+                policy.sent_posts(n)
+            elif c.call == "step_run" and policy.replays_at_once:
+                send_held(client)
+                policy.taken()
+            continue
         if batched and kind != "sync":
             held.append(c)
             held_bytes += c.bytes_out
             if len(held) < max_batch_calls and held_bytes < max_batch_bytes:
                 continue
+        if policy is not None:
+            policy.taken()  # a waiting call takes what is held
         sent = held if batched and kind != "sync" else [*held, c]
         up = max(client, up) + wire(held_bytes + (0 if sent is held else c.bytes_out))
         held, held_bytes = [], 0
