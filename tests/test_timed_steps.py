@@ -151,3 +151,29 @@ def test_a_timed_replay_checks_its_bindings_and_the_session_goes_on(driver: Sync
     again = _replay(d, _step(d, x, w2), x)  # the session goes on
     _, bufs = d.call(C["copy_d2h"], [[again, 0, [16], "uint8"]])
     assert len(bufs[0]) == 16
+
+
+def test_a_timed_replay_starts_the_device_before_it_makes_its_results(
+    driver: SyncDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a GPU proxy's graph starts with its launch: the device time is queued first, the
+    results (the proxy's own work, an allocation each) made while the device runs."""
+    from gpuremote.proxy.state import SessionState
+
+    d = driver
+    x, w = _upload(d, 64 * 64 * 4), _upload(d, 64 * 64 * 4)
+    step = _step(d, x, w)
+    _replay(d, step, x)  # the first: call by call
+    before = _clock(d)
+    backend = d._proxy.backend
+    queued_at_alloc: list[float] = []
+    alloc = SessionState.alloc
+
+    def noting(self: SessionState, handle: int, nbytes: int, *args: Any) -> Any:
+        queued_at_alloc.append(backend.timing()[0])
+        return alloc(self, handle, nbytes, *args)
+
+    monkeypatch.setattr(SessionState, "alloc", noting)
+    _replay(d, step, x)  # timed: one result
+    took = _clock(d) - before
+    assert took > 0 and queued_at_alloc == [pytest.approx(before + took, rel=1e-9)]

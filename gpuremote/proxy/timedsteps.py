@@ -7,10 +7,11 @@ roofline time. A replay binds arrays of the recorded shapes and dtypes, so every
 step makes the same tensors and does the same work. Its **first replay** runs call by call
 (each call checked and timed as the op-by-op path runs it) and notes the device time the
 step queued; **each later replay** checks its bindings (every buffer the step names and did
-not make exists, and holds what the step reaches into it), makes the step's results (zeroed,
-as every allocation is) and queues that time on the step's stream in one piece: as a GPU
+not make exists, and holds what the step reaches into it), queues that time on the step's
+stream in one piece and makes the step's results (zeroed, as every allocation is): as a GPU
 proxy runs a recorded graph whole (``serve --graphs cudagraphs``), with no host Python
-between its kernels. Without it, a simulated device's compiled rows measured the op-by-op
+between its kernels, the device starting with the graph's launch while the proxy registers
+its outputs. Without it, a simulated device's compiled rows measured the op-by-op
 path's Python (~140-180 µs a call here), which a computing proxy's graphs do not pay.
 
 Only a step of ATen calls (and allocations) on one stream replays so (a ``torch.compile``
@@ -89,10 +90,11 @@ class TimedStep:
                 f"step {step.handle} makes {self.made_bytes} bytes; this session holds "
                 f"{s.device_bytes} and its limit is {s.limits.max_device_bytes}"
             )
-        stream = s.stream(self.stream)
+        # the device starts at once, its results made while it runs: as a GPU proxy's graph
+        # starts with its launch, its outputs registered as buffers after
+        s.backend.elapse(s.stream(self.stream), self.seconds)
         for recorded in step.results:
             s.alloc(binds[recorded][0], step.nbytes[recorded])
-        s.backend.elapse(stream, self.seconds)
         self.replays += 1
 
 
