@@ -37,12 +37,12 @@ class LinkedProxy:
     def __init__(self, backend: str) -> None:
         cpus = sorted(os.sched_getaffinity(0))
         self.cpus = {cpus[-1]} if len(cpus) > 1 else set(cpus)
+        cpus_arg = ",".join(map(str, sorted(self.cpus)))
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "gpuremote.bench.linked_proxy", backend],
+            [sys.executable, "-m", "gpuremote.bench.linked_proxy", backend, cpus_arg],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
-            preexec_fn=lambda: os.sched_setaffinity(0, self.cpus),
         )
         try:
             self.url: str = self._read()["url"]
@@ -130,8 +130,12 @@ async def _serve(backend: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m gpuremote.bench.linked_proxy BACKEND`` (started by ``LinkedProxy``)."""
+    """``python -m gpuremote.bench.linked_proxy BACKEND [CPUS]`` (started by
+    ``LinkedProxy``; ``CPUS``: comma-separated, where it runs, set before anything starts a
+    thread)."""
     args = sys.argv[1:] if argv is None else argv
+    if len(args) > 1:
+        os.sched_setaffinity(0, {int(c) for c in args[1].split(",")})
     asyncio.run(_serve(args[0] if args else "sim:a100,compute=0"))
 
 

@@ -4,6 +4,7 @@ its counters read over its pipe, ended with its input."""
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import time
 
@@ -32,6 +33,7 @@ def test_a_linked_proxy_serves_behind_the_link_its_parent_sets() -> None:
     proxy = LinkedProxy("numpy")
     try:
         assert proxy.url.startswith("tcp://127.0.0.1:")  # the real address: emulated there
+        assert os.sched_getaffinity(proxy._proc.pid) == proxy.cpus  # a CPU of its own
         before = proxy.snapshot()
         bare, slow, again = asyncio.run(_ping_s(proxy.url, proxy, [0.0, 20e-3, 0.0]))
         assert slow >= 20e-3 > bare and again < 20e-3
