@@ -24,11 +24,16 @@ import contextlib
 import json
 import math
 import os
+import select
 import subprocess
 import sys
 from typing import IO, Any, cast
 
 __all__ = ["LinkedProxy"]
+
+#: how long the process may take to start listening, and to answer a request (seconds)
+_START_S = 120.0
+_ANSWER_S = 30.0
 
 
 class LinkedProxy:
@@ -37,21 +42,30 @@ class LinkedProxy:
     def __init__(self, backend: str) -> None:
         cpus = sorted(os.sched_getaffinity(0))
         self.cpus = {cpus[-1]} if len(cpus) > 1 else set(cpus)
-        cpus_arg = ",".join(map(str, sorted(self.cpus)))
+        # on its CPU before anything is imported (NumPy's BLAS starts its threads then)
+        boot = (
+            f"import os, runpy; os.sched_setaffinity(0, {sorted(self.cpus)!r}); "
+            "runpy.run_module('gpuremote.bench.linked_proxy', run_name='__main__')"
+        )
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "gpuremote.bench.linked_proxy", backend, cpus_arg],
+            [sys.executable, "-c", boot, backend],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
         try:
-            self.url: str = self._read()["url"]
+            self.url: str = self._read(_START_S)["url"]
         except BaseException:
             self.close()
             raise
 
-    def _read(self) -> dict[str, Any]:
-        line = cast(IO[str], self._proc.stdout).readline()
+    def _read(self, timeout_s: float = _ANSWER_S) -> dict[str, Any]:
+        """Its next line (it writes one per request, so none waits in the buffer)."""
+        out = cast(IO[str], self._proc.stdout)
+        if not select.select([out], [], [], timeout_s)[0]:
+            self._proc.kill()
+            raise RuntimeError(f"the linked proxy did not answer within {timeout_s:g} s")
+        line = out.readline()
         if not line:
             raise RuntimeError(f"the linked proxy ended (exit status {self._proc.poll()})")
         return cast(dict[str, Any], json.loads(line))
@@ -130,12 +144,8 @@ async def _serve(backend: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m gpuremote.bench.linked_proxy BACKEND [CPUS]`` (started by
-    ``LinkedProxy``; ``CPUS``: comma-separated, where it runs, set before anything starts a
-    thread)."""
+    """``python -m gpuremote.bench.linked_proxy BACKEND`` (started by ``LinkedProxy``)."""
     args = sys.argv[1:] if argv is None else argv
-    if len(args) > 1:
-        os.sched_setaffinity(0, {int(c) for c in args[1].split(",")})
     asyncio.run(_serve(args[0] if args else "sim:a100,compute=0"))
 
 

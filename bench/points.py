@@ -77,8 +77,10 @@ def _lost_s() -> float:
     """Seconds this thread has waited for a CPU beyond what this process's other threads
     ran (Linux's schedstat; 0 where unknown): they share its CPUs, and their time is the
     program's own (PyTorch's autograd thread of a device, where a backward pass runs; a
-    driver's helper thread sending), not other processes'. At most what other processes
-    took from it (their threads' time may also fall where this one did not wait)."""
+    driver's helper thread sending), not other processes'. A lower bound of what other
+    processes took from it (its siblings' time may fall where it did not wait: a backward
+    pass runs while the thread that asked for it waits for it), negative where they ran
+    more than it waited."""
     me = threading.get_native_id()
     others = 0
     try:

@@ -252,6 +252,8 @@ async def run_requirements(
     over emulated links on top of a real transport."""
     if cfg.transport in EMULATED and cfg.url is None:
         return await _run_emulated(cfg, report)
+    if cfg.transport == "emu+tcp":
+        raise ConfigError("--transport emu+tcp starts its own proxy process: not with --url")
     return await _run_real(cfg, report)
 
 
@@ -548,7 +550,7 @@ async def _run_emulated(
         "transport": cfg.transport,
         # where the proxy ran: this process's event loop, or a process of its own
         "proxy": "process" if linked else "in process",
-        "url": base,
+        "url": None if linked else base,  # (each workload's proxy process its own)
         "tolerance": cfg.tolerance,
         "modes": [m.name for m in modes],
         "modes_skipped": skipped,

@@ -13,15 +13,18 @@ each graph replayed by one message) and ``unoptimized`` (every call waits). The 
 - **in process**: ``gpuremote.tools.direct.connect_torch`` on the device (no proxy, no protocol,
   no wire): as written, the baseline before (``--local inproc``, reported either way); and
   each mode's trace of calls, which the model replays (a compiled program's, of its replays);
-- per mode, **behind one emulated link** (``emu+inproc``; a proxy in this process, batches
-  run inline):
-  its round trip and bandwidth change from point to point (``EmulatedConnection.set_link``),
-  so that the model and the optimizer are set up (and compiled) once.
+- per mode, **behind one emulated link**: over ``emu+inproc``, a proxy in this process,
+  batches run inline; over ``emu+tcp``, a proxy in a process of its own
+  (``bench.linked_proxy``: on its own CPU, the link emulated on its side). Its round trip and
+  bandwidth change from point to point (``EmulatedConnection.set_link``), so that the model
+  and the optimizer are set up (and compiled) once.
 
 The device is the simulated GPU timing only (``sim:a100,compute=0``: each op takes its
 roofline time on a virtual clock, nothing is computed), so the paper's sizes run on any
-machine. The client sends what it queued when it next waits (as across two machines, and as
-the async workloads' sweep does): its helper does not nudge. Per point, its turns alternate a
+machine. In process, the client sends what it queued when it next waits (as the async
+workloads' sweep does: its helper does not nudge); over ``emu+tcp`` it sends as its batching
+policy says (a compiled graph's replay at once, eager ops in batches), and the model follows
+that policy (``Mode.posts``). Per point, its turns alternate a
 local run (PyTorch's, then the in-process one), a run over the bare link (no RTT, no limit:
 the software's own costs) and the point's run, and the model is given the point's measured
 costs, as for the async workloads (``gpuremote.bench.requirements``, whose functions judge
@@ -43,6 +46,7 @@ from dataclasses import replace
 from typing import Any, cast
 
 from .linked_proxy import LinkedProxy
+from .ops import _pin_process
 from .points import (
     Mode,
     _lost_s,
@@ -129,19 +133,24 @@ class _Program:
         _step(self.w, self.model, self.opt, self.x, self.y, self.update)
 
     def run(self, steps: int, snapshot: Callable[[bool], tuple[float, ...]]) -> _Run:
+        """``steps`` steps, measured by ``snapshot(end)``: (clock, client's waits, proxy's
+        busy time, device waits in it, emulator's lateness, then each process's time lost to
+        other processes, each a lower bound: ``_lost_s``)."""
         with _on(self.driver):
             start = snapshot(False)
             for _ in range(steps):
                 self.step()
             end = snapshot(True)
-        run = _Run(*(e - s for e, s in zip(end, start, strict=True)))
-        return replace(run, stolen=max(0.0, run.stolen))
+        d = [e - s for e, s in zip(end, start, strict=True)]
+        return _Run(d[0], d[1], d[2], d[3], d[4], sum(max(0.0, lost) for lost in d[5:]))
 
 
 def _local_snapshot(end: bool = False) -> tuple[float, ...]:
+    """A local run's ``snapshot`` (what is read besides the clock, outside the run)."""
     if end:
-        return (time.perf_counter(), 0.0, 0.0, 0.0, 0.0, _lost_s())
-    lost = _lost_s()  # (read before the run's clock starts: outside it)
+        now = time.perf_counter()
+        return (now, 0.0, 0.0, 0.0, 0.0, _lost_s())
+    lost = _lost_s()
     return (time.perf_counter(), 0.0, 0.0, 0.0, 0.0, lost)
 
 
@@ -175,14 +184,20 @@ class _Link:
         self.conn.set_link(rtt_us * 1e-6, None if bw_gbit is None else bw_gbit * 1e9)
 
     def snapshot(self, end: bool = False) -> tuple[float, ...]:
-        lost = None if end else _lost_s()  # (outside the run: before its start, after its end)
+        """See ``_Program.run`` (the client's lost time read outside the run)."""
+        if end:
+            now = time.perf_counter()
+            lost = _lost_s()
+        else:
+            lost = _lost_s()
+            now = time.perf_counter()
         return (
-            time.perf_counter(),
+            now,
             self.driver.call_s,  # the client in synchronous calls (sending, waiting)
             self.proxy_end.busy_s,
             self.backend.timing()[1],
             self.conn.late_own_s,
-            _lost_s() if lost is None else lost,
+            lost,
         )
 
     def close(self) -> None:
@@ -198,6 +213,8 @@ class _ProcessLink:
 
         self.proxy = proxy
         self.driver = SyncDriver(proxy.url, **mode.connect)
+        #: ``mode`` for the model: sending as this session's batching policy does
+        self.mode = replace(mode, posts=self.driver.session.config)
 
     def set(self, rtt_us: float, bw_gbit: float | None) -> None:
         self.proxy.set_link(rtt_us * 1e-6, None if bw_gbit is None else bw_gbit * 1e9)
@@ -217,7 +234,8 @@ class _ProcessLink:
             there["busy_s"],
             there["device_waited_s"],
             there["late_own_s"],
-            lost + there["lost_s"],  # either process's thread waiting for other processes
+            lost,
+            there["lost_s"],
         )
 
     def close(self) -> None:
@@ -226,25 +244,18 @@ class _ProcessLink:
 
 @contextlib.contextmanager
 def linked_proxy(backend: str) -> Iterator[LinkedProxy]:
-    """The proxy process of ``--transport emu+tcp`` on ``backend``, on a CPU of its own and
-    this process on the others where there are two or more (restored after)."""
+    """The proxy process of ``--transport emu+tcp`` on ``backend``, on a CPU of its own, and
+    every thread of this process on the others where there are two or more (threads made
+    meanwhile inherit it; all of them given back the CPUs they had after)."""
     proxy = LinkedProxy(backend)
     before = os.sched_getaffinity(0)
     try:
         if len(before) > 1:
-            os.sched_setaffinity(0, before - proxy.cpus)
+            _pin_process(os.getpid(), before - proxy.cpus)
         yield proxy
     finally:
-        os.sched_setaffinity(0, before)
+        _pin_process(os.getpid(), before)
         proxy.close()
-
-
-def _sending(mode: Mode) -> Mode:
-    """``mode`` as a client over ``--transport emu+tcp`` sends: by its driver's batching
-    policy (its defaults, with the mode's options), which the model follows."""
-    from gpuremote.config import PipelineConfig
-
-    return replace(mode, posts=PipelineConfig(**mode.connect))
 
 
 def torch_workload(
@@ -259,8 +270,7 @@ def torch_workload(
     async sweep reports a workload; ``linked``: its remote runs on that proxy process."""
     import torch
 
-    if linked is not None:
-        modes = [_sending(m) for m in modes]
+    judged: list[Mode] = []  # the modes as the model is to send their calls
 
     from gpuremote.tools.direct import connect_torch
     from gpuremote.torch.models import workload
@@ -296,6 +306,7 @@ def torch_workload(
             link: _Link | _ProcessLink = (
                 _Link(backend, mode) if linked is None else _ProcessLink(linked, mode)
             )
+            judged.append(link.mode if isinstance(link, _ProcessLink) else mode)
             try:
                 remote = _Program(w, cpu_model, dict(mode.run).get("compile", False), link.driver)
                 _settled()
@@ -320,8 +331,8 @@ def torch_workload(
                 link.close()
     gc.unfreeze()
     torch._dynamo.reset()
-    judged = judge_workload(
-        cfg, modes, traces, measured, local_runs[cfg.local_baseline], steps, baselines=local_runs
+    figures = judge_workload(
+        cfg, judged, traces, measured, local_runs[cfg.local_baseline], steps, baselines=local_runs
     )
     return {
         "name": wname,
@@ -335,7 +346,7 @@ def torch_workload(
             "pytorch": pytorch.describe,
             "inproc": "the program through gpuremote's client in process on the same device",
         },
-        **judged,
+        **figures,
     }
 
 

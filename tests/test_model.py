@@ -178,21 +178,36 @@ def test_the_model_sends_posts_as_the_driver_policy_does() -> None:
     replay = TraceEntry("step_run", "async", 0, 0, 0.0, 0.0, kernel_s=10 * ms)
     frees = [TraceEntry("free", "async", 0, 0, ms, 0.0)] * 9
     step = [replay, *frees, TraceEntry("aten", "sync", 0, 8, 0.0, 0.0)]
-    at_once = PipelineConfig(post_delay_us=1e9, post_batch_calls=0)
+    at_once = PipelineConfig(post_delay_us=1e9, post_delay_max_us=1e9, post_batch_calls=0)
     # sent at once, the replay runs beside the client; sent at its wait, after it
     assert predict(step, 0.0, None, posts=at_once).seconds == pytest.approx(10 * ms)
-    waits = PipelineConfig(post_delay_us=1e9, post_batch_calls=0, replays_at_once=False)
+    waits = PipelineConfig(
+        post_delay_us=1e9, post_delay_max_us=1e9, post_batch_calls=0, replays_at_once=False
+    )
     assert predict(step, 0.0, None, posts=waits).seconds == pytest.approx(19 * ms)
     assert predict(step, 0.0, None, batched=True).seconds == pytest.approx(19 * ms)
     # four 1 ms launches, 1 ms apart: sent two at a time, they start at 2 and 4 ms
     launches = [TraceEntry("aten", "async", 0, 0, ms, 0.0, kernel_s=ms)] * 4
     sync = TraceEntry("aten", "sync", 0, 8, 0.0, 0.0)
-    pairs = PipelineConfig(post_delay_us=1e9, post_batch_calls=2)
+    pairs = PipelineConfig(post_delay_us=1e9, post_delay_max_us=1e9, post_batch_calls=2)
     assert predict([*launches, sync], 0.0, None, posts=pairs).seconds == pytest.approx(6 * ms)
-    # by the delay alone: the helper sends the first two 1.5 ms after the first (at 2.5
-    # ms); the next may wait 6 ms, so the last two go with the waiting call, at 4 ms
+    # by the delay alone: the oldest falls due at 2.5 ms, and goes with the third post, from
+    # the posting thread (at 3 ms); the next may wait 6 ms: the last goes with the waiting call
     delayed = PipelineConfig(post_delay_us=1500, post_batch_calls=0)
-    assert predict([*launches, sync], 0.0, None, posts=delayed).seconds == pytest.approx(6.5 * ms)
+    assert predict([*launches, sync], 0.0, None, posts=delayed).seconds == pytest.approx(7 * ms)
+    # no post follows: the helper thread sends it when it next comes by (every 8 ms), not
+    # at its delay (it is not woken for a post that is not due)
+    lone = [TraceEntry("aten", "async", 0, 0, ms, 0.0, kernel_s=15 * ms)]
+    late = TraceEntry("aten", "sync", 0, 8, 20 * ms, 0.0)
+    helper = PipelineConfig(post_delay_us=200, post_delay_max_us=8000)
+    assert predict([*lone, late], 0.0, None, posts=helper).seconds == pytest.approx(23 * ms)
+    # frees are released, not posted: they go with the next frame, and do not count
+    frees63 = [TraceEntry("free", "async", 0, 0, 0.0, 0.0)] * 63
+    launch = TraceEntry("aten", "async", 0, 0, ms, 0.0, kernel_s=10 * ms)
+    wait = TraceEntry("aten", "sync", 0, 8, 5 * ms, 0.0)
+    batch64 = PipelineConfig(post_delay_us=1e9, post_delay_max_us=1e9, post_batch_calls=64)
+    got = predict([*frees63, launch, wait], 0.0, None, posts=batch64).seconds
+    assert got == pytest.approx(16 * ms)  # the launch went with the wait, at 6 ms
     # the optimisations off: every call a round trip, whatever the policy
     off = predict([*launches, sync], 0.0, None, optimized=False, posts=pairs)
     assert off.round_trips == 5

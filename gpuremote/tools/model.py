@@ -88,9 +88,11 @@ def predict(
     ``max_batch_calls`` or ``max_batch_bytes`` (else each goes out when issued). ``posts``:
     asynchronous calls go as a synchronous front end's driver sends what it posts under that
     configuration's policy (``gpuremote.session.batching``): with the next synchronous call,
-    when ``post_batch_calls`` are held, at the first post after the oldest one's delay (or the
-    helper thread at that delay, where no post comes), a compiled graph's replay
-    (``step_run``) at once with ``replays_at_once``."""
+    when ``post_batch_calls`` are held, at the first post after the oldest one's delay, a
+    compiled graph's replay (``step_run``) at once with ``replays_at_once``, or by the helper
+    thread, which comes by every ``post_delay_max_us`` (from the trace's start) while
+    nothing is held and waits for the oldest post to fall due; frees (released, not posted)
+    go with the next frame."""
     half = (rtt_s + costs.base_rtt) / 2
 
     def wire(nbytes: int) -> float:
@@ -112,21 +114,40 @@ def predict(
             device = max(proxy, device) + c.kernel_s
 
     policy = BatchPolicy(posts) if posts is not None and optimized else None
-    first = 0.0  # when the oldest held call was issued (``posts``)
+    first = 0.0  # when the oldest held post was issued (``posts``)
+    n_posts = 0  # the held calls that count as posts (a free does not: it joins a frame)
+    helper = 0.0  # when the driver's helper thread next comes by
 
     def send_held(at: float) -> None:
-        nonlocal up, held, held_bytes
+        nonlocal up, held, held_bytes, n_posts
         up = max(at, up) + wire(held_bytes)
         for x in held:
             handle(x, up + half)
-        held, held_bytes = [], 0
+        held, held_bytes, n_posts = [], 0, 0
+
+    def helper_until(t: float) -> None:
+        """The helper's rounds up to ``t``: it sends posts that are due when it comes by,
+        waits for the oldest to fall due, else comes by again ``post_delay_max`` later."""
+        nonlocal helper
+        assert policy is not None
+        rounds = max(policy.post_delay_max_s, 20e-6)  # (its shortest wait)
+        while helper <= t:
+            if not n_posts or first > helper:  # nothing posted when it came by
+                helper += rounds
+                continue
+            due = first + policy.delay_s
+            if due > helper:
+                helper = due
+                continue
+            n = n_posts
+            send_held(helper)
+            policy.sent_posts(n)
+            helper += rounds
 
     for c in trace:
         client += c.gap_s
-        if policy is not None and held and first + policy.delay_s <= client:
-            n = len(held)  # the helper thread: the oldest post was due before this call
-            send_held(first + policy.delay_s)
-            policy.sent_posts(n)
+        if policy is not None:
+            helper_until(client)
         kind = c.klass
         nin = c.bytes_in
         if kind == "local":
@@ -137,12 +158,15 @@ def predict(
             kind = "sync"
         client += costs.client_per_call
         if policy is not None and kind != "sync":
-            if not held:
-                first = client
             held.append(c)
             held_bytes += c.bytes_out
-            n = len(held)
-            if policy.post_due(n, client - first):
+            if c.call == "free":  # released, not posted: goes with the next frame
+                continue
+            if not n_posts:
+                first = client
+            n_posts += 1
+            if policy.post_due(n_posts, client - first):
+                n = n_posts
                 send_held(client)
                 policy.sent_posts(n)
             elif c.call == "step_run" and policy.replays_at_once:
