@@ -174,6 +174,7 @@ class _Link:
             replays_at_once=False,  # (a proxy on this thread would run them only then anyway)
             **mode.connect,
         )
+        self.mode = mode  # (for the model: it sends at its waits, as this client does)
         self.conn = cast(Any, self.driver.session).conn  # the pipeline's (not the contract's)
         lst = listener(self.name)
         assert lst is not None and lst.accepted, "no inproc connection to measure"
@@ -306,7 +307,7 @@ def torch_workload(
             link: _Link | _ProcessLink = (
                 _Link(backend, mode) if linked is None else _ProcessLink(linked, mode)
             )
-            judged.append(link.mode if isinstance(link, _ProcessLink) else mode)
+            judged.append(link.mode)
             try:
                 remote = _Program(w, cpu_model, dict(mode.run).get("compile", False), link.driver)
                 _settled()
