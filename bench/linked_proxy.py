@@ -10,8 +10,9 @@ loop polls the clock for the µs deadlines; the client's loop runs only while it
 of the real loopback TCP path, whose own round trip the bare link's runs measure.
 
 The parent talks to it over its standard input and output, one JSON object a line:
-``{"link": [rtt_s, bw_bps or null]}`` sets every session's link (both directions, for what is
-sent from then on); ``{"snapshot": 1}`` answers the proxy's counters (``busy_s``: handling
+``{"link": [rtt_s, bw_bps or null]}`` sets every open session's link (both directions, for
+what is sent from then on); ``{"snapshot": 1}`` answers the proxy's counters over the
+sessions open at this or an earlier request (``busy_s``: handling
 frames, device waits included; ``device_waited_s``; ``late_own_s``: the emulator's own error;
 ``lost_s``: its thread waiting while other processes had its CPU). Its first line is
 ``{"url": ...}``, where clients connect; end of input stops it.
@@ -111,9 +112,15 @@ async def _serve(backend: str) -> None:
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
 
+    #: every session's link seen at a request, kept after it closes (its counters count)
+    seen: dict[int, EmulatedConnection] = {}
+
     def links() -> list[EmulatedConnection]:
+        """The sessions' links open now (each also kept in ``seen``)."""
         conns = (getattr(c, "conn", None) for c in proxy.clients.values())
-        return [c for c in conns if isinstance(c, EmulatedConnection)]
+        now = [c for c in conns if isinstance(c, EmulatedConnection)]
+        seen.update((id(c), c) for c in now)
+        return now
 
     def answer(obj: dict[str, Any]) -> None:
         sys.stdout.write(json.dumps(obj) + "\n")
@@ -130,7 +137,8 @@ async def _serve(backend: str) -> None:
                     conn.set_link(float(rtt_s), None if bw_bps is None else float(bw_bps))
                 answer({})
             else:
-                conns = links()
+                links()
+                conns = list(seen.values())
                 answer(
                     {
                         "busy_s": sum(c.busy_s for c in conns),
