@@ -407,3 +407,41 @@ def test_an_out_op_cannot_grow_the_memory_under_a_kept_buffer(
     d.post(C["aten_call"], 0, [_template(d), [kept, 0, kept, 0], [again], []])
     assert _read(d, again, 4) == [4, 8, 12, 16]
     _ok(other, _upload(other, [1, 1, 1, 1]))
+
+
+def test_an_op_that_writes_a_kept_buffers_elements_shares_its_views_one_that_lays_out_does_not(
+    sessions: tuple[SyncDriver, SyncDriver],
+) -> None:
+    """An in-place op that writes elements only (``mul_``) may take its operand's view of
+    the tensor kept as a buffer, and keep it for its next call; an op that lays its operand
+    out again in place (``squeeze_``) takes a view of its own, so that a view kept for a
+    reading op keeps the client's layout."""
+    d, other = sessions
+    x = _upload(d, [1, 2, 3, 4])
+    kept = d.session.new_handle()
+    d.post(C["aten_call"], 0, [_template(d), [x, 0, x, 0], [kept], []])  # kept as made
+    scale = d.session.new_handle()
+    d.post(
+        C["aten_template"], 0, [scale, "mul_.Scalar", [_layout(4)], [[{"t": 0}, {"f": 0}], {}], []]
+    )
+    for _ in range(2):
+        d.post(C["aten_call"], 0, [scale, [kept, 0], [], [3.0]])
+    assert _read(d, kept, 4) == [18, 36, 54, 72]
+    row = [0, 0, [1, 4], [4, 1], "float32"]
+    total = d.session.new_handle()
+    d.post(
+        C["aten_template"],
+        0,
+        [total, "sum.dim_IntList", [row], [[{"t": 0}, [1]], {}], [[0, 0, [1], [1], "float32"]]],
+    )
+    squeeze = d.session.new_handle()
+    d.post(C["aten_template"], 0, [squeeze, "squeeze_.dim", [row], [[{"t": 0}, 0], {}], []])
+    sums = []
+    for _ in range(2):  # a sum over the row's dim 1, a squeeze_ of the same view, a sum again
+        s1, s2 = d.session.new_handle(), d.session.new_handle()
+        d.post(C["aten_call"], 0, [total, [kept, 0], [s1], []])
+        d.post(C["aten_call"], 0, [squeeze, [kept, 0], [], []])
+        d.post(C["aten_call"], 0, [total, [kept, 0], [s2], []])
+        sums += [_read(d, s1, 1), _read(d, s2, 1)]
+    assert sums == [[180.0]] * 4
+    _ok(other, _upload(other, [1, 1, 1, 1]))

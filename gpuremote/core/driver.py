@@ -133,8 +133,9 @@ class SyncDriver:
         #: counters the front ends keep per session (``gpuremote.torch``'s compiled graphs)
         self.counters: dict[str, int] = {}
         #: the ATen op signatures this session keeps on its proxy, by the front end's key
-        #: (``gpuremote.torch``: ``aten_template``), each to its handle there
-        self.templates: dict[Any, int] = {}
+        #: (``gpuremote.torch``: ``aten_template``), each to its handle there and what the
+        #: front end needs to make a call of it
+        self.templates: dict[Any, tuple[int, Any]] = {}
         #: what the front end knows of its ops' outputs, by op signature, for this session
         #: (``gpuremote.torch``: meta kernels' answers and its proxy's own)
         self.metas: dict[Any, Any] = {}

@@ -72,7 +72,15 @@ def load_torch() -> Any:
 class AllowedOp:
     """An op of the allow-list, with what running it needs from its schema."""
 
-    __slots__ = ("generators", "n_returns", "op", "random_without_generator", "returns", "writes")
+    __slots__ = (
+        "generators",
+        "n_returns",
+        "op",
+        "random_without_generator",
+        "relays",
+        "returns",
+        "writes",
+    )
 
     def __init__(self, op: Any, torch: Any) -> None:
         schema = op._schema
@@ -87,6 +95,16 @@ class AllowedOp:
             (i, a.name)
             for i, a in enumerate(schema.arguments)
             if a.alias_info is not None and a.alias_info.is_write
+        ]
+        #: those of them whose sizes, strides or storage the op may change: its out=
+        #: tensors (resized to fit the result), every one of an op that lays tensors out
+        #: again in place (``squeeze_``, ``as_strided_``, ``resize_``, ``set_``) or resizes
+        #: them; the others only have their elements written
+        relays = torch.Tag.inplace_view in op.tags or "resize" in schema.name
+        self.relays = [
+            (i, a.name)
+            for i, a in enumerate(schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write and (relays or a.is_out)
         ]
         #: positions and names of its generator arguments (the session's is passed there)
         self.generators = [
@@ -264,11 +282,12 @@ class AtenSession:
         strides: tuple[int, ...],
         dtype_name: str,
         end: int,
-        read_only: bool = False,
+        stays_laid_out: bool = False,
     ) -> Any:
         """``tensor`` of a descriptor given by its parts and its extent ``end`` (the byte
-        past the last it reaches; 0: none). ``read_only``: no op writes it, so that it may be
-        a view of the tensor kept as the buffer (``keep_as_is``), whose storage may grow."""
+        past the last it reaches; 0: none). ``stays_laid_out``: no op lays it out again
+        (``AllowedOp.relays``), so that it may be a view of the tensor kept as the buffer
+        (``keep_as_is``), whose storage could grow."""
         s = self.state
         buf = s.buffers.get(handle)
         if buf is None:
@@ -287,7 +306,7 @@ class AtenSession:
         views = s.views.get(handle)
         key = ("torch", dtype_name)
         typed = views.get(key) if views is not None else None
-        if typed is None and read_only and views is not None:
+        if typed is None and stays_laid_out and views is not None:
             typed = views.get(("kept", dtype_name))
         if typed is None:
             dtype = self.dtypes[dtype_name]
@@ -295,8 +314,8 @@ class AtenSession:
                 typed = self.torch.empty(0, dtype=dtype, device=self.device)
                 return typed.as_strided(sizes, strides, 0)
             base = self.runtime.buffer(buf)
-            if itemsize > 1:
-                base = base[: nbytes - nbytes % itemsize]
+            if nbytes % itemsize:  # (the whole elements; a slice costs more than the view)
+                base = base.narrow(0, 0, nbytes - nbytes % itemsize)
             typed = base.view(dtype)
             if views is None:
                 views = s.views[handle] = {}
@@ -532,11 +551,12 @@ class AtenSession:
 
     def keep_as_is(self, handle: int, r: Any, nbytes: int, dtype_name: str) -> None:
         """Tensor ``r`` (``kept_as_is``: its storage its own, all of it) is buffer
-        ``handle`` now; the views of it an op only reads are taken of ``r`` (``("kept",
-        dtype)``: ``strided``'s ``read_only``), so that such an op makes no flat tensor of the
-        buffer first. Never a written one: ``r``'s storage is torch's, which an ``out=`` op
-        may grow, moving it from under the buffer; a written view is taken of the buffer's
-        own memory (``("torch", dtype)``), which cannot grow."""
+        ``handle`` now; the views of it an op only reads, or whose elements alone it writes,
+        are taken of ``r`` (``("kept", dtype)``: ``strided``'s ``stays_laid_out``), so that such
+        an op makes no flat tensor of the buffer first. Never one the op may lay out again
+        (``AllowedOp.relays``): ``r``'s storage is torch's, which an ``out=`` op or a
+        ``resize_`` may grow, moving it from under the buffer; such a view is taken of the
+        buffer's own memory (``("torch", dtype)``), which cannot grow."""
         s = self.state
         s.adopt(handle, self.runtime.adopt(r), nbytes)
         s.views[handle] = {("kept", dtype_name): r}

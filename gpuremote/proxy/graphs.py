@@ -26,9 +26,10 @@ allow-list and plain values become code; nothing a client wrote is run as code.
 A graph keeps its inputs' views between replays while their bindings and buffers stay (the
 session's weights, its optimizer's state): a replay makes only those of the buffers it binds
 anew, and a buffer freed or replaced drops the views of it (``SessionState.view_users``). An
-input the graph only reads may be a view of the tensor kept as its buffer (a graph's result:
-``AtenSession.keep_as_is``); one it writes is a view of the buffer's own memory, which no
-``out=`` op can grow. A compiled graph is specialised to how its inputs shared buffers when it
+input the graph only reads, or whose elements alone it writes (``AllowedOp.relays``), may be
+a view of the tensor kept as its buffer (a graph's result: ``AtenSession.keep_as_is``); one an
+op may lay out again (an ``out=`` tensor, a ``resize_``) is a view of the buffer's own
+memory, which cannot grow. A compiled graph is specialised to how its inputs shared buffers when it
 was compiled, where it writes one: a replay that binds them otherwise runs the graph's code.
 
 A step that cannot be one graph (an op of its own rules: randomness lent to ops without a
@@ -91,9 +92,12 @@ class StepGraph:
         #: the bytes it reaches from its offset; the key under which a graph's result is
         #: kept as the whole of its buffer, where the input is that)
         self.inputs: list[tuple[int, TensorDesc, int, int, Any]] = []
-        #: the inputs an op of the graph writes: their views are of the buffer's own memory,
-        #: never of a tensor kept as the buffer (whose storage an ``out=`` op could grow)
+        #: the inputs an op of the graph writes (how they share buffers matters to a
+        #: compiled graph), and those an op may lay out again (``AllowedOp.relays``): their
+        #: views are of the buffer's own memory, never of a tensor kept as the buffer (whose
+        #: storage an ``out=`` op or a ``resize_`` could grow)
         self.written: set[int] = set()
+        self.relaid: set[int] = set()
         self.gm: Any = None
         self.forward: Callable[..., Any] | None = None
         self.compiled: Any = None
@@ -278,9 +282,9 @@ class StepGraph:
         views = s.views
         kept = views.get(handle)
         t = None
-        read_only = i not in self.written
+        stays_laid_out = i not in self.relaid
         if kept is not None:
-            if whole is not None and not shift and read_only:
+            if whole is not None and not shift and stays_laid_out:
                 t = kept.get(whole)  # a graph's result, as it made it
             if t is None:
                 t = kept.get(key)
@@ -291,7 +295,7 @@ class StepGraph:
                     "an argument's offset would move the step's views before its buffer"
                 )
             end = offset + reach if reach else 0
-            t = a.strided(handle, offset, d.sizes, d.strides, d.dtype, end, read_only)
+            t = a.strided(handle, offset, d.sizes, d.strides, d.dtype, end, stays_laid_out)
             kept = views.setdefault(handle, {})
             if len(kept) >= _MAX_VIEWS:  # (graphs recorded again and again: start over)
                 kept.clear()
@@ -430,13 +434,17 @@ class _Tracer:
         allowed = resolve_op(name)
         pairs = [self.operand(d) for d in tensors]
         nodes = [p[0] for p in pairs]
-        for j, arg_name in allowed.writes:  # the inputs it writes (``StepGraph.written``)
-            value = encoded[0][j] if j < len(encoded[0]) else encoded[1].get(arg_name)
-            for v in value if type(value) is list else [value]:
-                if type(v) is dict and "t" in v and v["t"] < len(nodes):
-                    index = self.input_of.get(nodes[v["t"]])
-                    if index is not None:
-                        self.graph.written.add(index)
+        for writes, inputs in (  # (``StepGraph.written``, ``StepGraph.relaid``)
+            (allowed.writes, self.graph.written),
+            (allowed.relays, self.graph.relaid),
+        ):
+            for j, arg_name in writes:
+                value = encoded[0][j] if j < len(encoded[0]) else encoded[1].get(arg_name)
+                for v in value if type(value) is list else [value]:
+                    if type(v) is dict and "t" in v and v["t"] < len(nodes):
+                        index = self.input_of.get(nodes[v["t"]])
+                        if index is not None:
+                            inputs.add(index)
         values = [p[1] for p in pairs]
         args_n = [_symbolic(a, v, nodes) for v in encoded[0]]
         kwargs_n = {k: _symbolic(a, v, nodes) for k, v in encoded[1].items()}

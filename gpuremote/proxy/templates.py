@@ -111,9 +111,15 @@ class AtenTemplate:
             value = args[i] if i < len(args) else kwargs.get(arg_name)
             written.update(_indices(value, n, []))
         self.written = sorted(written)
-        #: per operand: its view may be kept with its buffer's (the op only reads it: it
-        #: cannot change the view's sizes, as an out= op resizing its output would)
-        self.kept = tuple(k not in written for k in range(n))
+        #: per operand: its view may be kept with its buffer's, and taken of the tensor kept
+        #: as the buffer (``keep_as_is``): the op reads it, or writes its elements only (it
+        #: cannot change the view's sizes or its storage's, as an out= op resizing its
+        #: output or a ``resize_`` would)
+        relaid: set[int] = set()
+        for i, arg_name in allowed.relays:
+            value = args[i] if i < len(args) else kwargs.get(arg_name)
+            relaid.update(_indices(value, n, []))
+        self.kept = tuple(k not in relaid for k in range(n))
         #: on a device that times ops on their shapes alone: the op's work (FLOPs, bytes,
         #: dtype), as its first call found it (the same at every call: the shapes are)
         self.work: tuple[float, float, Any] | None = None
@@ -201,7 +207,7 @@ class AtenTemplate:
                     continue
             end = offset + reach if reach else 0  # (0: no elements, no byte reached)
             typed = None if own is None else own.get(key)  # the buffer as a flat tensor
-            if typed is None and own is not None and kept[k]:  # (only read: ``keep_as_is``)
+            if typed is None and own is not None and kept[k]:  # (``keep_as_is``)
                 typed = own.get(kept_key)
             if (
                 typed is None

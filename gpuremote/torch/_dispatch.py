@@ -8,7 +8,9 @@
   (``copy_d2h``, SYNC), device to device (the ATen ``copy_`` on the proxy).
 - **Every other op**, through one fallback: its outputs' metadata from the meta kernels (run
   once per signature, then cached), new output tensors made here, and one ASYNC ``aten`` call
-  queued in the session's batches; nothing waits. Ops whose results depend on the data
+  queued in the session's batches; nothing waits. After the first call of a signature,
+  which the session keeps on its proxy by template, a call of positional arguments sends
+  only where its operands are (``aten_call``), made from their signature alone. Ops whose results depend on the data
   (``nonzero``, masks, ``.item()``) or whose meta kernel cannot tell are one SYNC
   ``aten_dynamic`` call. A shape or dtype error is raised here, by the meta kernel, as the
   same ``RuntimeError`` the local op would raise; the session goes on.
@@ -27,7 +29,7 @@ from ..core.driver import SyncDriver
 from ..errors import RemoteCallError
 from ..ops.aten import returns
 from ..wire.calls import CALLS_BY_NAME
-from ._encoding import Encoder
+from ._encoding import Encoder, quick_signature
 from ._guard import current_device
 from ._templates import keep
 from ._tensors import (
@@ -213,6 +215,28 @@ class _Uploads(dict[int, Callable[[torch.Tensor], torch.Tensor]]):
         return upload
 
 
+#: ``Dispatcher._by_template``'s answer where the call is not one of a kept template
+_MISS = object()
+
+
+def _outputs(
+    d: SyncDriver, news: Sequence[Any], index: int
+) -> tuple[list[torch.Tensor | None], list[int]]:
+    """The new tensors of an op's outputs (metadata ``news``, None: an undefined tensor,
+    a gradient not asked for) on session ``d``, device ``index``; their buffers' handles."""
+    outputs: list[torch.Tensor | None] = []
+    handles: list[int] = []
+    new_handle, release = d.session.new_handle, d._release
+    for meta in news:
+        if meta is None:
+            outputs.append(None)
+            continue
+        handle = new_handle()
+        outputs.append(new_tensor(handle, meta[3], meta[0], meta[1], meta[2], index, release))
+        handles.append(handle)
+    return outputs, handles
+
+
 def _argument(args: Sequence[Any], kwargs: dict[str, Any], where: tuple[int, str]) -> Any:
     i, name = where
     return args[i] if i < len(args) else kwargs[name]
@@ -305,6 +329,13 @@ class Dispatcher:
         plan = self._plans.get(id(op)) or self.plan(op)
         if plan.view:
             return op.redispatch(_CPU_KEYS, *args, **kwargs)
+        if not kwargs and not plan.dynamic:
+            result = self._by_template(plan, args)
+            if result is not _MISS:
+                return result
+        numbers = self._numbers_as_scalars(op, plan, args, kwargs)
+        if numbers is not None:  # (before encoding: such a call's signature is never kept)
+            return self.run(*numbers)
         tensors: list[torch.Tensor] = []
         if len(self.drivers) > 1:  # (each operand checked to be on the op's device)
             index = _index_of(args, kwargs)
@@ -329,9 +360,6 @@ class Dispatcher:
             # a meta kernel's answer holds for every session; the proxy's, for its own
             metas = self._metas.get(key)
             if metas is None:
-                numbers = self._numbers_as_scalars(op, plan, args, kwargs)
-                if numbers is not None:
-                    return self.run(*numbers)
                 if plan.shapes_from_device is not None and plan.shapes_from_device(args, kwargs):
                     metas = self._ask_shapes(d, plan, wire_args, encode.descs)
                 else:
@@ -343,20 +371,12 @@ class Dispatcher:
                 if metas is None:  # no meta kernel, or the shapes depend on the data
                     return self._dynamic(d, index, op, plan, tensors, wire_args, args, kwargs)
             _bounded(d.metas)[key] = metas
-        outputs: list[torch.Tensor | None] = []
-        handles: list[int] = []
         news, resized, counts = metas
-        new_handle, release = d.session.new_handle, d._release
-        for meta in news:
-            if meta is None:  # an undefined tensor (a gradient not asked for)
-                outputs.append(None)
-                continue
-            handle = new_handle()
-            outputs.append(new_tensor(handle, meta[3], meta[0], meta[1], meta[2], index, release))
-            handles.append(handle)
+        outputs, handles = _outputs(d, news, index)
         template = None
         if not resized and d.recording is None:  # (a recorded step keeps whole calls)
-            template = d.templates.get(key) or keep(d, key, plan.name, encode, wire_args, news)
+            kept = d.templates.get(key)
+            template = kept[0] if kept else keep(d, key, plan.name, encode, wire_args, metas)
         if template:  # the op's signature is kept on the proxy: the places, the floats
             d.post(_ATEN_CALL, 0, [template, encode.places, handles, encode.floats])
         else:
@@ -371,6 +391,27 @@ class Dispatcher:
         if plan.one_new and counts == _ONE:  # the common case: one new tensor
             return outputs[0]
         return self._result(plan, args, kwargs, iter(outputs), counts)
+
+    def _by_template(self, plan: _Plan, args: tuple[Any, ...]) -> Any:
+        """The call of an op whose signature the session keeps by template, made from its
+        positional arguments' signature alone (``quick_signature``): no wire form built;
+        ``_MISS`` where it is not such a call (``run`` then goes the whole way)."""
+        d = self.drivers.get(0)
+        if d is None or d.closed or d.recording is not None or len(self.drivers) > 1:
+            return _MISS
+        quick = quick_signature(args, not plan.in_place)
+        if quick is None:
+            return _MISS
+        sig, places, floats = quick
+        kept = d.templates.get((plan, tuple(sig)))
+        if kept is None:
+            return _MISS
+        template, (news, _, counts) = kept  # (kept: no out= tensor the op resizes)
+        outputs, handles = _outputs(d, news, 0)
+        d.post(_ATEN_CALL, 0, [template, places, handles, floats])
+        if plan.one_new and counts == _ONE:
+            return outputs[0]
+        return self._result(plan, args, {}, iter(outputs), counts)
 
     def _numbers_as_scalars(
         self, op: torch._ops.OpOverload, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -560,9 +601,6 @@ class Dispatcher:
         kwargs: dict[str, Any],
     ) -> Any:
         """Run ``op`` on the proxy and wait: its results' shapes (or values) come back."""
-        numbers = self._numbers_as_scalars(op, plan, args, kwargs)
-        if numbers is not None:
-            return self.run(*numbers)
         if plan.out_args:  # out= tensors the op may resize, to shapes only it knows
             return self._out_by_functional(op, plan, args, kwargs)
         ask_once = plan.name.split(".")[0] in _ASK_ONCE

@@ -9,7 +9,7 @@ import torch
 
 from ._tensors import DEVICE, DTYPE_NAMES, SHIFT
 
-__all__ = ["Encoder"]
+__all__ = ["Encoder", "quick_signature"]
 
 #: a float NaN, and the booleans, in an op's signature (each equals only itself there)
 _NAN, _TRUE, _FALSE = ("float", "nan"), ("bool", True), ("bool", False)
@@ -159,3 +159,52 @@ class Encoder:
             self(v)
         self.tensors, self.places, self.floats = tensors, places, floats
         return tuple(self.sig)
+
+
+def quick_signature(
+    args: tuple[Any, ...], floats_matter: bool
+) -> tuple[list[Any], list[Any], list[float]] | None:
+    """``Encoder``'s signature, places and floats of positional ``args``, without their wire
+    form (an op kept by template sends only those), where each argument is a number, None,
+    a string, a dtype, a tensor on this device (no lazy conj or neg bits) or a list of
+    those; None for anything else (``Encoder`` then: it uploads CPU scalars, says what is
+    wrong)."""
+    sig: list[Any] = []
+    places: list[Any] = []  # (ints)
+    floats: list[float] = []
+    return (sig, places, floats) if _quick(args, sig, places, floats, floats_matter) else None
+
+
+def _quick(
+    values: Any, sig: list[Any], places: list[Any], floats: list[float], matter: bool
+) -> bool:
+    append = sig.append
+    for a in values:
+        t = type(a)
+        if a is None or t is int or t is str:
+            append(a)
+        elif t is float:  # (as ``Encoder`` has it)
+            floats.append(a)
+            append(float)
+            if matter:
+                append(a if a == a else _NAN)
+        elif t is bool:
+            append(_TRUE if a else _FALSE)
+        elif isinstance(a, torch.Tensor):
+            if a.device not in _REMOTE or a.is_conj() or a.is_neg():
+                return False
+            places += (
+                a.untyped_storage().data_ptr() >> SHIFT,
+                a.storage_offset() * a.element_size(),
+            )
+            append((a.shape, a.stride(), a.dtype))  # (a ``torch.Size`` hashes as its tuple)
+        elif t is list or t is tuple:
+            append("[")
+            if not _quick(a, sig, places, floats, matter):
+                return False
+            append("]")
+        elif t is torch.dtype:
+            append(a)
+        else:
+            return False
+    return True

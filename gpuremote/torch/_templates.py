@@ -21,14 +21,15 @@ _MOST_TEMPLATES = 1 << 14
 
 
 def keep(
-    d: SyncDriver, key: Any, name: str, encode: Encoder, wire_args: list[Any], news: list[Any]
+    d: SyncDriver, key: Any, name: str, encode: Encoder, wire_args: list[Any], metas: Any
 ) -> int:
-    """Keep the signature ``key`` of op ``name`` on session ``d``'s proxy (one ASYNC
-    ``aten_template``); its handle, 0 where the session keeps as many as it may (below what
-    the proxy announced: its calls then go whole)."""
+    """Keep the signature ``key`` of op ``name`` (its outputs' ``metas``) on session ``d``'s
+    proxy (one ASYNC ``aten_template``); its handle, 0 where the session keeps as many as it
+    may (below what the proxy announced: its calls then go whole). ``d.templates[key]``:
+    the handle and the metas, found by one lookup per call."""
     templates = d.templates
     operands = [[0, 0, *desc[2:]] for desc in encode.descs]
-    made = [[0, 0, m[0], m[1], m[4]] for m in news if m is not None]
+    made = [[0, 0, m[0], m[1], m[4]] for m in metas[0] if m is not None]
     info = d.info  # (a proxy that keeps none announces no limit: calls go whole)
     held = d.counters.get("template_tensors", 0) + len(operands) + len(made)
     if len(templates) >= min(_MOST_TEMPLATES, info.get("max_templates", 0)) or held > (
@@ -37,7 +38,7 @@ def keep(
         return 0
     handle = d.session.new_handle()
     d.post(_ATEN_TEMPLATE, 0, [handle, name, operands, with_holes(wire_args), made])
-    templates[key] = handle
+    templates[key] = (handle, metas)
     d.counters.update(templates=len(templates), template_tensors=held)
     return handle
 
