@@ -29,6 +29,9 @@ pytestmark = pytest.mark.skipif(
 #: handed frames on at once, with no loop turn per hop)
 XP_SYNC_OP_CEILING = 450
 ASYNC_SYNC_OP_CEILING = 320
+#: measured 2026-12-07: an eager PyTorch op kept by template (``a + a`` on 16 floats, a proxy
+#: process), the client's calls: 66.6 (71.6 when every call built its arguments' wire form)
+TORCH_EAGER_OP_CEILING = 75
 
 
 def test_an_xp_synchronous_op_makes_at_most_so_many_python_calls(python_json: PythonJson) -> None:
@@ -103,6 +106,38 @@ def test_an_async_synchronous_op_makes_at_most_so_many_python_calls(
     assert counted["python_calls_per_op"] <= ASYNC_SYNC_OP_CEILING, counted
 
 
+def test_an_eager_pytorch_op_makes_at_most_so_many_python_calls(python_json: PythonJson) -> None:
+    pytest.importorskip("torch", reason="the [torch] extra")
+    counted = python_json(
+        """
+        import json
+        import torch
+        import gpuremote.torch as gt
+        from gpuremote import _build
+        from gpuremote.bench.calls import count_calls
+        from gpuremote.tools.proxyprocess import LocalProxy
+
+        assert _build.build() == "pure"
+        with LocalProxy("tcp", "numpy") as proxy:
+            conn = gt.connect(proxy.url)
+            try:
+                a = torch.ones(16, device="gpuremote")
+
+                def op():
+                    a + a
+
+                for _ in range(640):  # the signature kept, its metadata cached
+                    op()
+                conn.synchronize()
+                print(json.dumps(count_calls(op, 6400)))  # (whole batches of 64 sent)
+                conn.synchronize()
+            finally:
+                conn.close()
+        """
+    )
+    assert counted["python_calls_per_op"] <= TORCH_EAGER_OP_CEILING, counted
+
+
 @pytest.mark.slow
 def test_the_floor_script_measures_the_three_and_splits_gpuremote_by_layer() -> None:
     """``scripts/floor_xp_op.py`` (the op beside NumPy and a bare skeleton of its round trip)
@@ -130,3 +165,23 @@ def test_the_floor_script_measures_the_three_and_splits_gpuremote_by_layer() -> 
     total = layers.pop("total, as timed (with the wrappers)")
     assert all(us >= 0 for us in layers.values()), layers
     assert sum(layers.values()) == pytest.approx(total, rel=1e-6)
+
+
+@pytest.mark.slow
+def test_the_eager_call_script_times_both_paths_of_each_op() -> None:
+    """``scripts/eager_call_cost.py`` (an op kept by template, made from its signature beside
+    through the whole encoder, alternated) runs and times both paths of each op."""
+    pytest.importorskip("torch", reason="the [torch] extra")
+    script = Path(__file__).parent.parent / "scripts" / "eager_call_cost.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--rounds", "1", "--number", "50", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
+    )
+    out = json.loads(proc.stdout)
+    assert set(out) == {"a + a", "a.add_(1.0)", "w @ w", "a.relu()"}
+    for row in out.values():
+        assert row["whole_us"] > 0 and row["signature_us"] > 0
+        assert row["ratio"] == pytest.approx(row["signature_us"] / row["whole_us"])

@@ -10,10 +10,10 @@
   once per signature, then cached), new output tensors made here, and one ASYNC ``aten`` call
   queued in the session's batches; nothing waits. After the first call of a signature,
   which the session keeps on its proxy by template, a call of positional arguments sends
-  only where its operands are (``aten_call``), made from their signature alone. Ops whose results depend on the data
-  (``nonzero``, masks, ``.item()``) or whose meta kernel cannot tell are one SYNC
-  ``aten_dynamic`` call. A shape or dtype error is raised here, by the meta kernel, as the
-  same ``RuntimeError`` the local op would raise; the session goes on.
+  only where its operands are (``aten_call``), made from their signature alone. Ops whose
+  results depend on the data (``nonzero``, masks, ``.item()``) or whose meta kernel cannot
+  tell are one SYNC ``aten_dynamic`` call. A shape or dtype error is raised here, by the
+  meta kernel, as the same ``RuntimeError`` the local op would raise; the session goes on.
 """
 
 from __future__ import annotations
