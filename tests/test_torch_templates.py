@@ -106,6 +106,40 @@ def test_eager_ops_after_the_first_go_by_template_and_equal_the_whole_calls() ->
         assert torch.equal(a, b)
 
 
+def test_a_kept_calls_signature_is_the_encoders() -> None:
+    """A kept template's call is made from ``quick_signature`` (no wire form): it gives the
+    signature, places and floats ``Encoder`` gives the same arguments, floats' values in the
+    signature or not; None where the encoder must run (a CPU scalar it uploads, a lazy bit
+    it resolves, a value of another kind)."""
+    from gpuremote.torch._encoding import Encoder, quick_signature
+
+    conn = gt.connect_local("numpy")
+    try:
+        x = torch.arange(12.0, device="gpuremote").view(3, 4)
+        for args in [
+            (x, x),
+            (x.t(), 2, None, True, False, "mean"),
+            (x[1:], 2.5, float("nan"), -0.0, 1),
+            ([x, x[0]], [1, 2], (3, [4.5, x]), torch.float16),
+            (x.to(torch.int64), []),
+        ]:
+            for floats_matter in (True, False):
+                encode = Encoder([], lambda t: t, floats_matter)
+                for a in args:
+                    encode(a)
+                quick = quick_signature(args, floats_matter)
+                assert quick is not None, args
+                sig, places, floats = quick
+                assert tuple(sig) == encode.signature(), args
+                assert hash(tuple(sig)) == hash(encode.signature())
+                assert (places, floats) == (encode.places, encode.floats)
+        z = torch.ones(2, dtype=torch.complex64, device="gpuremote")
+        for args in [(x, torch.tensor(2.0)), (z.conj(),), (x, torch.device("cpu"))]:
+            assert quick_signature(args, True) is None
+    finally:
+        conn.close()
+
+
 def test_numbers_of_other_types_are_other_signatures() -> None:
     """``2 == 2.0 == True`` in Python, not to an op: ``x * 2`` after ``x * 2.0`` on integers
     is an integer product (before, the second reused the first's signature and its
