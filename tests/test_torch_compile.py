@@ -177,6 +177,35 @@ def test_new_shapes_record_again_and_graph_breaks_run_eagerly(device: str) -> No
     assert gt.stats()["graph_replays"] > 0
 
 
+def test_a_layout_only_the_guards_tell_apart_is_a_signature_of_its_own(device: str) -> None:
+    """A graph called on tensors alike in all a signature's quick part reads (storage
+    offsets, storage sizes, shared buffers) but laid out otherwise (transposed, viewed as
+    another shape or dtype of the same bytes) records each layout once and replays each
+    with its own results."""
+    from gpuremote.torch._backend import dispatcher
+    from gpuremote.torch._compile import _compiler
+
+    def fn(a: torch.Tensor) -> tuple[torch.Tensor]:
+        return ((a * 2 + a[0]).cumsum(-1),)  # (AOTAutograd's graphs return tuples)
+
+    graph = _compiler(dispatcher.driver)(torch.fx.symbolic_trace(fn), [])
+    base = torch.arange(16, dtype=torch.float32).reshape(4, 4)
+    remote = base.to(device)
+    layouts = [
+        (base, remote),
+        (base.t(), remote.t()),
+        (base.view(2, 8), remote.view(2, 8)),
+        (base.view(torch.int32), remote.view(torch.int32)),
+    ]
+    before = gt.stats()
+    for _ in range(3):
+        for here, there in layouts:
+            (got,) = graph(there)
+            assert _close(fn(here)[0], got.cpu())
+    d = _delta(before, gt.stats())
+    assert (d["graphs_recorded"], d["graph_replays"]) == (4, 8), d
+
+
 def test_a_graph_that_needs_data_or_host_tensors_runs_eagerly(device: str) -> None:
     torch._dynamo.reset()
 

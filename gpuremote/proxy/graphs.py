@@ -111,7 +111,11 @@ class StepGraph:
         self.run_thread_ns = 0
         self.replay_thread_ns = 0
         self.made_bytes = 0  # what the step's buffers hold, for the session's memory limit
-        self.uses_rng = False
+        #: ops of the step that take the session's generator as an argument (never
+        #: compiled: inductor takes no generator), and random ops lent it (compiled with
+        #: inductor's ``fallback_random``: ATen's own kernels, drawing as eager ops do)
+        self.takes_generator = False
+        self.lends_rng = False
         #: the step's results as they are made (recorded handles), and their sizes in bytes
         self.results: list[TensorDesc] = []
         self.extents: list[int] = []
@@ -212,7 +216,7 @@ class StepGraph:
         self._last = [_STALE] * len(self.inputs)
         self._bind_keys = [d.handle for _, d, _, _, _ in self.inputs]
         self._result_keys = [d.handle for d in self.results]
-        self.uses_rng = tracer.rng_used
+        self.takes_generator, self.lends_rng = tracer.rng_used, tracer.lends_rng
         for lineno, line in enumerate(self.gm.code.splitlines(), start=1):
             target = line.strip().split(" = ", 1)[0]
             if target in tracer.node_call:
@@ -335,7 +339,7 @@ class StepGraph:
         ``budget`` charged with the compile time); a failure names the step's call."""
         t0, h0 = time.perf_counter_ns(), time.thread_time_ns()
         try:
-            if mode in _COMPILING and not self.uses_rng and self.compiled is None:
+            if mode in _COMPILING and not self.takes_generator and self.compiled is None:
                 self._compiled_aliasing = self.aliasing()
                 self.compiled, out = _compiled(self, inputs, budget, mode)
             else:
@@ -383,7 +387,8 @@ class _Tracer:
         self.made: dict[int, tuple[Any, Any, TensorDesc]] = {}
         self.seen: dict[Any, tuple[Any, Any]] = {}  # a view taken: key -> (node, tensor)
         self.slot_of = {d.handle: k for k, d in enumerate(graph.step.slots)}
-        self.rng_used = False
+        self.rng_used = False  # (the generator passed to an op)
+        self.lends_rng = False  # (lent to an op that takes none)
         self.node_call: dict[str, int] = {}  # an op's node -> the step's call it is
         self.input_of: dict[Any, int] = {}  # an input's node -> its index among the inputs
 
@@ -457,7 +462,7 @@ class _Tracer:
             else:
                 kwargs_v[arg_name], kwargs_n[arg_name] = a.rng.generator, self.rng_node
         lent = allowed.random_without_generator
-        self.rng_used = self.rng_used or lent
+        self.lends_rng = self.lends_rng or lent
         try:
             if lent:
                 result = a.rng.lent(allowed.op, args_v, kwargs_v)
@@ -628,8 +633,11 @@ def _compiled(
     import torch
 
     cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs[2:])
-    compile_mode = "reduce-overhead" if mode == "cudagraphs" and cuda else None
-    key = _content_key(graph, inputs, str(compile_mode))
+    # (random ops lent the session's generator: inductor's kernels, never a CUDA graph,
+    # whose replays would draw the numbers of its capture)
+    graphed = mode == "cudagraphs" and cuda and not graph.lends_rng
+    compile_mode = "reduce-overhead" if graphed else None
+    key = _content_key(graph, inputs, f"{compile_mode} {graph.lends_rng}")
     with _COMPILE_LOCK:
         fn = _COMPILED.get(key)
         if fn is not None:
@@ -665,21 +673,40 @@ def _inductor(gm: Any, inputs: list[Any]) -> Callable[..., Any]:
     """Graph ``gm`` compiled by inductor as it is (``torch._inductor.compile``): no
     TorchDynamo frame in front, whose guards would check every input on every call (they hold
     by construction: each input is a view of its recorded layout, the graph's code and the
-    inputs' aliasing are the cache's key). The session's generator is no input of it (a graph
-    that draws from it is not compiled)."""
+    inputs' aliasing are the cache's key). A graph whose random ops take no generator
+    (``_with_session_rng``'s) is compiled with inductor's ``fallback_random``: each such op
+    runs ATen's kernel on the device's default generator, as eager ops draw, bit for bit
+    (inductor keeps the inputs' strides for them), and each call lends the calling
+    session's generator to the default one for the whole graph (the first of its inputs
+    after the generator itself: ``SessionGenerator.lent``)."""
     import torch
     import torch._inductor
+    import torch._inductor.config
 
     g = torch.fx.Graph()
     g.output(g.graph_copy(gm.graph, {}))
+    draws = False
+    for node in g.nodes:
+        if node.op == "call_function" and node.target is _with_session_rng:
+            node.target, node.args = node.args[1], node.args[2:]
+            draws = True
     for node in [n for n in g.nodes if n.op == "placeholder"][:2]:  # (rng, lender: unused)
         g.erase_node(node)
-    core = torch._inductor.compile(torch.fx.GraphModule(torch.nn.Module(), g), inputs[2:])
+    module = torch.fx.GraphModule(torch.nn.Module(), g)
+    with torch._inductor.config.patch(fallback_random=draws):
+        core = torch._inductor.compile(module, inputs[2:])
 
-    def run(*args: Any) -> Any:
-        return core(*args[2:])
+    if not draws:
 
-    return run
+        def run(*args: Any) -> Any:
+            return core(*args[2:])
+
+        return run
+
+    def run_lent(*args: Any) -> Any:
+        return args[1].lent(core, list(args[2:]), {})
+
+    return run_lent
 
 
 def _content_key(graph: StepGraph, inputs: list[Any], options: str) -> str:

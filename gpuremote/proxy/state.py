@@ -383,7 +383,7 @@ class SessionState:
         """The steps replayed as one graph (``gpuremote.proxy.graphs``): how many, their
         replays (after the first, which traces), the ops those ran, the nanoseconds in the
         graphs' callables (wall; the replaying thread's CPU) and in the whole replays (the
-        thread's CPU)."""
+        thread's CPU), the seconds spent compiling and the graphs compiled."""
         graphs = [st.graph for st in self.steps.values() if st.graph]
         return {
             "steps": len(graphs),
@@ -393,6 +393,7 @@ class SessionState:
             "run_thread_ns": sum(g.run_thread_ns for g in graphs),
             "replay_thread_ns": sum(g.replay_thread_ns for g in graphs),
             "compile_s": self.compile_s,
+            "compiled": sum(1 for g in graphs if g.compiled is not None),  # (inductor's)
             # on a device that times ops without computing them (``proxy.timedsteps``)
             "timed_steps": sum(1 for st in self.steps.values() if st.timed),
             "timed_replays": sum(st.timed.replays for st in self.steps.values() if st.timed),

@@ -108,6 +108,9 @@ class _Graph:
         )
         self._resolve = resolve
         self._recorded: dict[Any, _Recorded | None] = {}  # None: runs eagerly
+        #: signatures known by their quick part (``_quick``): quick key -> [(guards of the
+        #: tensors' sizes, strides, dtype, device, key)]
+        self._known: dict[Any, list[tuple[Any, Any]]] = {}
         weakref.finalize(self, _free_all, self._recorded)
 
     def __call__(self, *given: Any) -> Any:
@@ -118,7 +121,16 @@ class _Graph:
         if first is None:
             return self._module(args)(*args)
         d = self._resolve(first.device.index or 0)
-        key, slots, buffers = _signature(d, args)
+        quick = _quick(d, args)
+        known = self._known.get(quick[0]) if quick is not None else None
+        key: Any = None
+        if known:
+            _, tensors, slots, buffers = quick  # type: ignore[misc]
+            key = next((k for guards, k in known if guards.check(*tensors)), None)
+        if key is None:
+            key, slots, buffers = _signature(d, args)
+            if key is not None and quick is not None:
+                self._know(quick[0], quick[1], key)
         recorded = self._recorded.get(key, _MISSING) if key is not None else None
         if recorded is _MISSING:
             return self._record(d, key, args, slots, buffers)
@@ -127,6 +139,18 @@ class _Graph:
             return self._module(args, len(slots))(*args)
         assert isinstance(recorded, _Recorded)
         return self._replay(recorded, args, slots, buffers)
+
+    def _know(self, quick: Any, tensors: list[Any], key: Any) -> None:
+        """Signature ``key``'s tensors are ``tensors`` (quick part ``quick``): found by it
+        and their guards from now on."""
+        if len(self._known) >= 4 * MAX_SIGNATURES:
+            self._known.clear()
+        known = self._known.setdefault(quick, [])
+        if len(known) >= MAX_SIGNATURES:
+            del known[0]
+        known.append(
+            (_TensorGuards(*tensors, dynamic_dims_sizes=None, dynamic_dims_strides=None), key)
+        )
 
     def _module(self, args: list[Any], buffers: int = -1) -> torch.fx.GraphModule:
         """The graph to run on ``args`` (which name ``buffers`` distinct buffers, if known): the
@@ -253,6 +277,10 @@ class _Graph:
 
 _MISSING: Any = object()
 
+#: torch's C++ tensor checks, as TorchDynamo's guards made them (None: the whole key each call)
+_TensorGuards: Any = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
+_TensorGuards = getattr(_TensorGuards, "TensorGuards", None)
+
 
 def _signature(d: SyncDriver, args: Sequence[Any]) -> tuple[Any, list[int], list[int]]:
     """The key of a call's recording (None: it cannot be recorded), the positions of the
@@ -284,6 +312,48 @@ def _signature(d: SyncDriver, args: Sequence[Any]) -> tuple[Any, list[int], list
         else:
             return None, slots, buffers
     return tuple(parts), slots, buffers
+
+
+def _quick(
+    d: SyncDriver, args: Sequence[Any]
+) -> tuple[Any, list[Any], list[int], list[int]] | None:
+    """The quick part of a call's signature (None: only ``_signature`` can tell): what
+    ``_signature`` keys beyond the tensors' sizes, strides, dtype and device (each tensor's
+    storage offset and storage size, which arguments share a buffer, the other arguments'
+    values), the tensors, and ``_signature``'s slots and buffers. A call whose quick part
+    is a known signature's, and whose tensors pass that signature's guards (torch's
+    ``TensorGuards``: sizes, strides, dtype, device, in C++), has that signature: half the
+    per-tensor reads of ``_signature``, the rest in one C++ call."""
+    if _TensorGuards is None:
+        return None
+    parts: list[Any] = [id(d)]
+    seen: dict[int, int] = {}
+    tensors: list[Any] = []
+    slots: list[int] = []
+    buffers: list[int] = []
+    tensor, plain = torch.Tensor, (int, float, bool, type(None))
+    append = parts.append
+    try:
+        for i, a in enumerate(args):
+            if isinstance(a, tensor):
+                storage = a.untyped_storage()
+                h = storage.data_ptr() >> SHIFT
+                first = seen.get(h)
+                if first is None:
+                    seen[h] = i
+                    slots.append(i)
+                    buffers.append(h)
+                append((a.storage_offset(), storage.nbytes(), first))
+                tensors.append(a)
+            elif isinstance(a, plain):
+                append((type(a), a))
+            elif isinstance(a, torch.SymInt):
+                append((torch.SymInt, int(a)))
+            else:
+                return None
+    except (RuntimeError, NotImplementedError):  # (a tensor without storage: not ours)
+        return None
+    return tuple(parts), tensors, slots, buffers
 
 
 def _free(recorded: _Recorded | None) -> None:
