@@ -549,17 +549,23 @@ class AtenSession:
         if copy:
             self.fill_outputs(name, [r for r, _ in copy], [d for _, d in copy])
 
-    def keep_as_is(self, handle: int, r: Any, nbytes: int, dtype_name: str) -> None:
+    def keep_as_is(
+        self, handle: int, r: Any, nbytes: int, dtype_name: str, whole: Any = None
+    ) -> None:
         """Tensor ``r`` (``kept_as_is``: its storage its own, all of it) is buffer
         ``handle`` now; the views of it an op only reads, or whose elements alone it writes,
         are taken of ``r`` (``("kept", dtype)``: ``strided``'s ``stays_laid_out``), so that such
         an op makes no flat tensor of the buffer first. Never one the op may lay out again
         (``AllowedOp.relays``): ``r``'s storage is torch's, which an ``out=`` op or a
         ``resize_`` may grow, moving it from under the buffer; such a view is taken of the
-        buffer's own memory (``("torch", dtype)``), which cannot grow."""
+        buffer's own memory (``("torch", dtype)``), which cannot grow. ``whole``: ``r``'s
+        key among the buffer's views too (a graph's result: ``graphs._whole``)."""
         s = self.state
         s.adopt(handle, self.runtime.adopt(r), nbytes)
-        s.views[handle] = {("kept", dtype_name): r}
+        views = {("kept", dtype_name): r}
+        if whole is not None:
+            views[whole] = r
+        s.views[handle] = views
 
     def adopt_results(self, name: str, made: Sequence[Any], handles: Sequence[int]) -> list[Any]:
         """Keep what a data-dependent op made, each as a new buffer under the client's

@@ -144,6 +144,10 @@ class StepGraph:
         self._compiled_aliasing: tuple[int, ...] | None = None
         #: per result: the recorded handle a replay binds
         self._result_keys: list[int] = []
+        #: per input: the key under which a graph's result of its layout is kept (``_whole``;
+        #: None where it is not one, or an op may lay it out again): a replay binding it to
+        #: another graph's result (activations, gradients) takes that result itself
+        self._results_of: list[Any] = []
         self._plan()
 
     # -- building ----------------------------------------------------------------------------
@@ -215,6 +219,10 @@ class StepGraph:
         self._made_for = [_STALE] * len(self.inputs)
         self._last = [_STALE] * len(self.inputs)
         self._bind_keys = [d.handle for _, d, _, _, _ in self.inputs]
+        self._results_of = [
+            whole if whole is not None and i not in self.relaid else None
+            for i, (_, _, _, _, whole) in enumerate(self.inputs)
+        ]
         self._result_keys = [d.handle for d in self.results]
         self.takes_generator, self.lends_rng = tracer.rng_used, tracer.lends_rng
         for lineno, line in enumerate(self.gm.code.splitlines(), start=1):
@@ -229,24 +237,31 @@ class StepGraph:
         same and their buffers have not gone since; else each view made (bounds-checked), or
         found among the session buffer's other views (dropped when it is freed or replaced)."""
         args, made_for = self._args, self._made_for
-        get = binds.get
-        now = [get(h) for h in self._bind_keys]  # (None: a buffer of the session's)
+        now = list(map(binds.get, self._bind_keys))  # (None: a buffer of the session's)
         if now != self._now:
             self._now, self._aliasing = now, None
         if now != made_for:
-            last, passing = self._last, self._passing
-            changed = [i for i, (x, y) in enumerate(zip(now, made_for, strict=True)) if x != y]
-            for i in changed:
+            last, passing, results_of = self._last, self._passing, self._results_of
+            views = s.views
+            for i in itertools.compress(range(len(now)), map(operator.ne, now, made_for)):
                 bound = now[i]
                 before = last[i]
                 last[i] = bound
                 if before is _STALE or before == bound:  # kept while its buffer is
                     args[i + 2] = self._view(s, a, i, bound, keep=True)
                     made_for[i] = bound
-                else:  # bound elsewhere each replay: this one's alone
-                    args[i + 2] = self._view(s, a, i, bound, keep=False)
-                    made_for[i] = _STALE
-                    passing.append(i)
+                    continue
+                # bound elsewhere each replay: this one's alone (most often another graph's
+                # result, as that graph made it: found here, as ``_view`` would find it)
+                t = None
+                whole = results_of[i]
+                if whole is not None and bound is not None and not bound[1]:
+                    kept = views.get(bound[0])
+                    if kept is not None:
+                        t = kept.get(whole)
+                args[i + 2] = t if t is not None else self._view(s, a, i, bound, keep=False)
+                made_for[i] = _STALE
+                passing.append(i)
         rng = a.rng
         args[0], args[1] = rng.generator, rng
         return args
@@ -575,8 +590,7 @@ def replay_graph(
                 graph.let_go()
 
     results = a.runtime.run(job, [], [], stream)
-    name = f"step {step.handle}"
-    keep_as_is, views, buffers = a.keep_as_is, s.views, s.buffers
+    keep_as_is, buffers = a.keep_as_is, s.buffers
     s.check_room(len(results))
     handles = [binds[h][0] for h in graph._result_keys]
     if not buffers.keys().isdisjoint(handles) or len(set(handles)) < len(handles):
@@ -596,14 +610,14 @@ def replay_graph(
             and (address not in made or not extent)
         ):
             made.add(address)
-            keep_as_is(handle, r, extent, d.dtype)
-            views[handle][whole] = r  # (the view a graph's input of it reads: r itself)
+            # (the view a graph's input of its layout reads: r itself)
+            keep_as_is(handle, r, extent, d.dtype, whole)
         elif keep:  # (copied into a buffer of its own)
             a.operand_memory = made | {address}
-            a.keep_outputs(name, [r], [d._replace(handle=handle)])
+            a.keep_outputs(f"step {step.handle}", [r], [d._replace(handle=handle)])
         else:
             s.alloc(handle, extent)
-            a.fill_outputs(name, [r], [d._replace(handle=handle)])
+            a.fill_outputs(f"step {step.handle}", [r], [d._replace(handle=handle)])
     if traced:
         graph.replay_thread_ns += time.thread_time_ns() - h0
 
