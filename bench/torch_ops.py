@@ -53,6 +53,8 @@ class _Side:
     graph_run_s: float = 0.0  # wall time in their callables
     graph_run_cpu_s: float = 0.0
     graph_replay_cpu_s: float = 0.0
+    #: the session's graphs the proxy runs compiled (``--graphs inductor``), after the round
+    graphs_compiled: int = 0
 
 
 #: a pause before each side's steps: OpenMP's workers spin for a while after a parallel
@@ -92,6 +94,7 @@ def _row(
         "eager_graphs_per_step": remote.eager_graphs / n,
         "proxy_graph_ops_per_step": remote.graph_ops / n,
         "proxy_graph_run_ms": 1e3 * remote.graph_run_s / n,  # the graphs' callables, wall
+        "proxy_graphs_compiled": remote.graphs_compiled,  # (of the session's, by inductor)
         # the proxy's CPU per op of its graphs beyond the ops' own (the callable's): the
         # inputs' views, the results' buffers, the replay's bookkeeping
         "proxy_cpu_per_graph_op_us": (
@@ -323,6 +326,7 @@ def _add(
     side.graph_replay_cpu_s += 1e-9 * (
         g1.get("replay_thread_ns", 0) - g0.get("replay_thread_ns", 0)
     )
+    side.graphs_compiled = g1.get("compiled", 0)
     c0, c1 = _proxy_cpu(p0, in_process), _proxy_cpu(p1, in_process)
     if c0 is None or c1 is None or side.proxy_cpu_s is None:
         side.proxy_cpu_s = None

@@ -473,6 +473,7 @@ def test_the_ops_bench_compares_compiled_graphs_with_local_inductor() -> None:
     assert compiled["graph_replays_per_step"] == 4 and compiled["eager_graphs_per_step"] == 0
     assert compiled["proxy_graph_ops_per_step"] > 50
     assert compiled["proxy_graph_run_ms"] > 0 and compiled["proxy_cpu_per_graph_op_us"] > 0
+    assert compiled["proxy_graphs_compiled"] == 0  # (FX graphs: none compiled)
 
 
 @pytest.mark.parametrize(
