@@ -121,16 +121,13 @@ class _Graph:
         if first is None:
             return self._module(args)(*args)
         d = self._resolve(first.device.index or 0)
-        quick = _quick(d, args)
-        known = self._known.get(quick[0]) if quick is not None else None
-        key: Any = None
-        if known:
-            _, tensors, slots, buffers = quick  # type: ignore[misc]
-            key = next((k for guards, k in known if guards.check(*tensors)), None)
+        quick, tensors, slots, buffers = _signature(d, args, quick=True)
+        known = self._known.get(quick) if quick is not None else None
+        key = next((k for g, k in known if g.check(*tensors)), None) if known else None
         if key is None:
-            key, slots, buffers = _signature(d, args)
+            key, tensors, slots, buffers = _signature(d, args)
             if key is not None and quick is not None:
-                self._know(quick[0], quick[1], key)
+                self._know(quick, tensors, key)
         recorded = self._recorded.get(key, _MISSING) if key is not None else None
         if recorded is _MISSING:
             return self._record(d, key, args, slots, buffers)
@@ -282,60 +279,33 @@ _TensorGuards: Any = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
 _TensorGuards = getattr(_TensorGuards, "TensorGuards", None)
 
 
-def _signature(d: SyncDriver, args: Sequence[Any]) -> tuple[Any, list[int], list[int]]:
-    """The key of a call's recording (None: it cannot be recorded), the positions of the
-    arguments whose buffers a replay passes (one per buffer, in order), and those buffers'
-    handles, in one pass over the arguments. (Where a tensor lies is read from its flags,
-    ``is_cpu`` and the like: ``device.type`` takes six times as long.)"""
-    parts: list[Any] = [id(d)]
-    seen: dict[int, int] = {}
-    slots: list[int] = []
-    buffers: list[int] = []
-    tensor, plain = torch.Tensor, (int, float, bool, type(None))
-    append = parts.append
-    for i, a in enumerate(args):
-        if isinstance(a, tensor):
-            if a.is_cpu or a.is_meta or a.is_cuda:
-                return None, slots, buffers  # not the device's: the recording would refuse it
-            storage = a.untyped_storage()
-            h = storage.data_ptr() >> SHIFT
-            first = seen.get(h)
-            if first is None:
-                seen[h] = i
-                slots.append(i)
-                buffers.append(h)
-            append((a.shape, a.stride(), a.storage_offset(), a.dtype, storage.nbytes(), first))
-        elif isinstance(a, plain):
-            append((type(a), a))
-        elif isinstance(a, torch.SymInt):
-            append((torch.SymInt, int(a)))
-        else:
-            return None, slots, buffers
-    return tuple(parts), slots, buffers
+def _signature(
+    d: SyncDriver, args: Sequence[Any], quick: bool = False
+) -> tuple[Any, list[Any], list[int], list[int]]:
+    """The key of a call's recording (None: it cannot be recorded), its tensor arguments, the
+    positions of the arguments whose buffers a replay passes (one per buffer, in order), and
+    those buffers' handles, in one pass over the arguments. (Where a tensor lies is read from
+    its flags, ``is_cpu`` and the like: ``device.type`` takes six times as long.)
 
-
-def _quick(
-    d: SyncDriver, args: Sequence[Any]
-) -> tuple[Any, list[Any], list[int], list[int]] | None:
-    """The quick part of a call's signature (None: only ``_signature`` can tell): what
-    ``_signature`` keys beyond the tensors' sizes, strides, dtype and device (each tensor's
-    storage offset and storage size, which arguments share a buffer, the other arguments'
-    values), the tensors, and ``_signature``'s slots and buffers. A call whose quick part
-    is a known signature's, and whose tensors pass that signature's guards (torch's
-    ``TensorGuards``: sizes, strides, dtype, device, in C++), has that signature: half the
-    per-tensor reads of ``_signature``, the rest in one C++ call."""
-    if _TensorGuards is None:
-        return None
+    ``quick``: the key's quick part only (None where it cannot tell, or torch has no
+    ``TensorGuards``): all but the tensors' sizes, strides, dtype and device. A call whose
+    quick part is a known signature's, and whose tensors pass that signature's guards
+    (torch's ``TensorGuards``: those, in C++), has that signature: half the per-tensor
+    reads, the rest in one C++ call."""
     parts: list[Any] = [id(d)]
     seen: dict[int, int] = {}
     tensors: list[Any] = []
     slots: list[int] = []
     buffers: list[int] = []
+    if quick and _TensorGuards is None:
+        return None, tensors, slots, buffers
     tensor, plain = torch.Tensor, (int, float, bool, type(None))
     append = parts.append
     try:
         for i, a in enumerate(args):
             if isinstance(a, tensor):
+                if not quick and (a.is_cpu or a.is_meta or a.is_cuda):
+                    return None, tensors, slots, buffers  # not the device's: refused
                 storage = a.untyped_storage()
                 h = storage.data_ptr() >> SHIFT
                 first = seen.get(h)
@@ -343,16 +313,22 @@ def _quick(
                     seen[h] = i
                     slots.append(i)
                     buffers.append(h)
-                append((a.storage_offset(), storage.nbytes(), first))
                 tensors.append(a)
+                if quick:
+                    append((a.storage_offset(), storage.nbytes(), first))
+                else:
+                    layout = (a.shape, a.stride(), a.storage_offset(), a.dtype)
+                    append((*layout, storage.nbytes(), first))
             elif isinstance(a, plain):
                 append((type(a), a))
             elif isinstance(a, torch.SymInt):
                 append((torch.SymInt, int(a)))
             else:
-                return None
+                return None, tensors, slots, buffers
     except (RuntimeError, NotImplementedError):  # (a tensor without storage: not ours)
-        return None
+        if not quick:
+            raise
+        return None, tensors, slots, buffers
     return tuple(parts), tensors, slots, buffers
 
 
