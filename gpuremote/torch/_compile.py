@@ -108,7 +108,7 @@ class _Graph:
         )
         self._resolve = resolve
         self._recorded: dict[Any, _Recorded | None] = {}  # None: runs eagerly
-        #: signatures known by their quick part (``_quick``): quick key -> [(guards of the
+        #: signatures known by their quick part (``_signature``'s): quick key -> [(guards of the
         #: tensors' sizes, strides, dtype, device, key)]
         self._known: dict[Any, list[tuple[Any, Any]]] = {}
         weakref.finalize(self, _free_all, self._recorded)
