@@ -224,7 +224,7 @@ class StepGraph:
             for i, (_, _, _, _, whole) in enumerate(self.inputs)
         ]
         self._result_keys = [d.handle for d in self.results]
-        self.takes_generator, self.lends_rng = tracer.rng_used, tracer.lends_rng
+        self.takes_generator, self.lends_rng = tracer.takes_generator, tracer.lends_rng
         for lineno, line in enumerate(self.gm.code.splitlines(), start=1):
             target = line.strip().split(" = ", 1)[0]
             if target in tracer.node_call:
@@ -402,7 +402,7 @@ class _Tracer:
         self.made: dict[int, tuple[Any, Any, TensorDesc]] = {}
         self.seen: dict[Any, tuple[Any, Any]] = {}  # a view taken: key -> (node, tensor)
         self.slot_of = {d.handle: k for k, d in enumerate(graph.step.slots)}
-        self.rng_used = False  # (the generator passed to an op)
+        self.takes_generator = False  # (the generator passed to an op)
         self.lends_rng = False  # (lent to an op that takes none)
         self.node_call: dict[str, int] = {}  # an op's node -> the step's call it is
         self.input_of: dict[Any, int] = {}  # an input's node -> its index among the inputs
@@ -471,7 +471,7 @@ class _Tracer:
         args_v = [a.decode(v, values) for v in encoded[0]]
         kwargs_v = {k: a.decode(v, values) for k, v in encoded[1].items()}
         for j, arg_name in allowed.generators:  # the session's generator, always
-            self.rng_used = True
+            self.takes_generator = True
             if j < len(args_v):
                 args_v[j], args_n[j] = a.rng.generator, self.rng_node
             else:
