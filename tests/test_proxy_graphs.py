@@ -502,3 +502,41 @@ def test_a_kept_result_is_its_storages_bytes_and_keeps_them_alive(make: Any) -> 
     assert buf.dtype == np.uint8 and buf.ndim == 1 and buf.tobytes() == expected
     if buf.size:
         buf[0] ^= 0xFF  # (its own memory: writable)
+
+
+def test_a_kept_result_is_made_a_numpy_buffer_only_where_it_is_read_as_one() -> None:
+    """A tensor kept as a CPU proxy's buffer (a graph's result, an op's output) stays a
+    tensor while ops view it; the NumPy buffer of its bytes is made where something reads
+    the buffer as one (a copy to the host, an xp op, a memset, a view an op lays out
+    again), and is the tensor's memory; freeing it before that frees it whole."""
+    from gpuremote.backends import get_backend
+    from gpuremote.backends.torch_runtime import Unadopted
+    from gpuremote.errors import UnknownHandle
+    from gpuremote.proxy.aten import aten_session
+    from gpuremote.proxy.executor import Executor
+
+    ex = Executor(get_backend("numpy"), SessionLimits())
+    a = aten_session(ex)
+    made = {h: torch.arange(6, dtype=torch.float32) for h in (1, 2, 3, 4)}
+    a.keep_as_is([(h, t, 24, "float32", None) for h, t in made.items()])
+    assert all(type(ex.buffers[h]) is Unadopted for h in made) and ex.device_bytes == 96
+
+    seen = a.strided(1, 4, (2,), (1,), "float32", 12, stays_laid_out=True)  # an op's view
+    assert seen.tolist() == [1.0, 2.0] and type(ex.buffers[1]) is Unadopted
+
+    host = ex.resolve(ArrayDesc(2, 8, (4,), np.dtype(np.float32), 16))  # (a copy's source)
+    assert host.tolist() == [2.0, 3.0, 4.0, 5.0] and type(ex.buffers[2]) is np.ndarray
+    host[0] = 42.0
+    assert made[2][2] == 42.0  # (the tensor's own memory, no copy)
+
+    relaid = a.strided(3, 0, (6,), (1,), "float32", 24, stays_laid_out=False)
+    assert type(ex.buffers[3]) is np.ndarray and relaid.tolist() == made[3].tolist()
+    relaid[5] = -1.0
+    assert made[3][5] == -1.0
+
+    raw = ex.buffer(4)  # (a memset's buffer)
+    assert type(raw) is np.ndarray and raw.nbytes == 24 and ex.buffer(4) is raw
+    with pytest.raises(UnknownHandle):
+        ex.buffer(99)
+
+    assert ex.free([1, 2, 3, 4]) == [] and ex.device_bytes == 0 and not ex.buffers

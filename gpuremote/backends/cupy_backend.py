@@ -265,6 +265,7 @@ class CupyTorchRuntime(TorchRuntime):
 
     #: torch's caching allocator frees in its own stream order, not the session's: copied
     keeps_results = False
+    adopts_later = False
 
     def device(self) -> Any:
         import torch

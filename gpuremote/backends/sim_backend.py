@@ -376,6 +376,8 @@ class SimTorchRuntime(TorchRuntime):
     """PyTorch on the simulated device: ops run on its stream's worker, in order with the
     rest, and take the time its profile gives their work (FLOPs, bytes moved)."""
 
+    adopts_later = False  # (each made at once: the device's workers copy and time them)
+
     def run(
         self,
         job: Callable[[], Any],

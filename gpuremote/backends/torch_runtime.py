@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["TorchRuntime"]
+__all__ = ["TorchRuntime", "Unadopted"]
 
 
 class TorchRuntime:
@@ -26,6 +26,9 @@ class TorchRuntime:
     #: a tensor an ATen op made may become a buffer as it is (``adopt`` keeps its memory),
     #: instead of being copied into one the session allocated
     keeps_results = True
+    #: such a tensor is a buffer before its bytes are a buffer of the backend's
+    #: (``Unadopted``: made one where something reads the buffer as one)
+    adopts_later = True
 
     def __init__(self, backend: Any) -> None:
         #: the ``Backend`` whose buffers these are
@@ -80,6 +83,24 @@ class TorchRuntime:
     def work(self, stream: Any, flops: float, nbytes: float, dtype: Any) -> None:
         """An ATen op of ``flops`` (matrix products, convolutions, attention: 0 for the
         rest) and ``nbytes`` moved ran on ``stream``: a simulated GPU takes its time."""
+
+
+class Unadopted:
+    """A tensor an op made, kept as a buffer (``AtenSession.keep_as_is``) before its bytes
+    are made a buffer of the backend's: most such buffers (a graph's activations and
+    gradients) are only read as tensors again, by later ops that view that tensor; the
+    backend's buffer is made where something reads the buffer as one
+    (``SessionState.buffer``)."""
+
+    __slots__ = ("runtime", "tensor")
+
+    def __init__(self, runtime: TorchRuntime, tensor: Any) -> None:
+        self.runtime = runtime
+        self.tensor = tensor
+
+    def adopt(self) -> Any:
+        """The backend's buffer of the tensor's bytes (``TorchRuntime.adopt``)."""
+        return self.runtime.adopt(self.tensor)
 
 
 class _StorageBytes:

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from ..backends.torch_runtime import Unadopted
 from ..ops import aten as aten_ops
 from ..wire.protocol import TENSOR_DTYPES, TensorDesc
 from .state import CallFailed, SessionState
@@ -313,7 +314,7 @@ class AtenSession:
             if nbytes < itemsize:  # no element fits (a 0-byte view of bytes has stride 0)
                 typed = self.torch.empty(0, dtype=dtype, device=self.device)
                 return typed.as_strided(sizes, strides, 0)
-            base = self.runtime.buffer(buf)
+            base = self.runtime.buffer(s.buffer(handle) if type(buf) is Unadopted else buf)
             if nbytes % itemsize:  # (the whole elements; a slice costs more than the view)
                 base = base.narrow(0, 0, nbytes - nbytes % itemsize)
             typed = base.view(dtype)
@@ -531,6 +532,7 @@ class AtenSession:
                 return
             raise CallFailed(f"{name} made {len(made)} tensors; the client expected {len(outputs)}")
         copy: list[tuple[Any, TensorDesc]] = []
+        kept: list[tuple[int, Any, int, str, Any]] = []
         for r, d in zip(made, outputs, strict=True):
             extent = d.extent
             if d.offset == 0 and kept_as_is(
@@ -542,30 +544,33 @@ class AtenSession:
                 self.operand_memory,
                 self.device,
             ):
-                self.keep_as_is(d.handle, r, extent, d.dtype)
+                kept.append((d.handle, r, extent, d.dtype, None))
             else:
                 s.alloc(d.handle, d.extent)
                 copy.append((r, d))
+        if kept:
+            self.keep_as_is(kept)
         if copy:
             self.fill_outputs(name, [r for r, _ in copy], [d for _, d in copy])
 
-    def keep_as_is(
-        self, handle: int, r: Any, nbytes: int, dtype_name: str, whole: Any = None
-    ) -> None:
-        """Tensor ``r`` (``kept_as_is``: its storage its own, all of it) is buffer
-        ``handle`` now; the views of it an op only reads, or whose elements alone it writes,
-        are taken of ``r`` (``("kept", dtype)``: ``strided``'s ``stays_laid_out``), so that such
-        an op makes no flat tensor of the buffer first. Never one the op may lay out again
-        (``AllowedOp.relays``): ``r``'s storage is torch's, which an ``out=`` op or a
+    def keep_as_is(self, kept: Sequence[tuple[int, Any, int, str, Any]]) -> None:
+        """Each tensor ``r`` of ``kept`` (``(handle, r, nbytes, dtype, whole)``;
+        ``kept_as_is``: its storage its own, all of it) is buffer ``handle`` now (the
+        backend's buffer of its bytes made when something reads it as one, where the runtime
+        ``adopts_later``); the views of it an op only reads, or whose elements alone it
+        writes, are taken of ``r`` (``("kept", dtype)``: ``strided``'s ``stays_laid_out``), so
+        that such an op makes no flat tensor of the buffer first. Never one the op may lay out
+        again (``AllowedOp.relays``): ``r``'s storage is torch's, which an ``out=`` op or a
         ``resize_`` may grow, moving it from under the buffer; such a view is taken of the
-        buffer's own memory (``("torch", dtype)``), which cannot grow. ``whole``: ``r``'s
-        key among the buffer's views too (a graph's result: ``graphs._whole``)."""
-        s = self.state
-        s.adopt(handle, self.runtime.adopt(r), nbytes)
-        views = {("kept", dtype_name): r}
-        if whole is not None:
-            views[whole] = r
-        s.views[handle] = views
+        buffer's own memory (``("torch", dtype)``), which cannot grow. ``whole`` (or None):
+        ``r``'s key among the buffer's views too (a graph's result: ``graphs._whole``)."""
+        s, runtime = self.state, self.runtime
+        adopt, views, later = s.adopt, s.views, runtime.adopts_later
+        for handle, r, nbytes, dtype_name, whole in kept:
+            adopt(handle, Unadopted(runtime, r) if later else runtime.adopt(r), nbytes)
+            views[handle] = (
+                {("kept", dtype_name): r} if whole is None else {("kept", dtype_name): r, whole: r}
+            )
 
     def adopt_results(self, name: str, made: Sequence[Any], handles: Sequence[int]) -> list[Any]:
         """Keep what a data-dependent op made, each as a new buffer under the client's

@@ -148,6 +148,10 @@ class StepGraph:
         #: None where it is not one, or an op may lay it out again): a replay binding it to
         #: another graph's result (activations, gradients) takes that result itself
         self._results_of: list[Any] = []
+        #: per input: how it is viewed from a tensor kept as its buffer (the key of that
+        #: tensor, the view's sizes, strides and element offset, the byte past its reach;
+        #: None where it reaches no byte, or an op may lay it out again)
+        self._of_kept: list[Any] = []
         self._plan()
 
     # -- building ----------------------------------------------------------------------------
@@ -223,6 +227,18 @@ class StepGraph:
             whole if whole is not None and i not in self.relaid else None
             for i, (_, _, _, _, whole) in enumerate(self.inputs)
         ]
+        self._of_kept = [
+            (
+                ("kept", d.dtype),
+                d.sizes,
+                d.strides,
+                d.offset // TENSOR_DTYPES[d.dtype],
+                d.offset + reach,
+            )
+            if reach and i not in self.relaid
+            else None
+            for i, (_, d, _, reach, _) in enumerate(self.inputs)
+        ]
         self._result_keys = [d.handle for d in self.results]
         self.takes_generator, self.lends_rng = tracer.takes_generator, tracer.lends_rng
         for lineno, line in enumerate(self.gm.code.splitlines(), start=1):
@@ -242,7 +258,7 @@ class StepGraph:
             self._now, self._aliasing = now, None
         if now != made_for:
             last, passing, results_of = self._last, self._passing, self._results_of
-            views = s.views
+            views, nbytes, of_kept = s.views, s.nbytes, self._of_kept
             for i in itertools.compress(range(len(now)), map(operator.ne, now, made_for)):
                 bound = now[i]
                 before = last[i]
@@ -254,11 +270,18 @@ class StepGraph:
                 # bound elsewhere each replay: this one's alone (most often another graph's
                 # result, as that graph made it: found here, as ``_view`` would find it)
                 t = None
-                whole = results_of[i]
-                if whole is not None and bound is not None and not bound[1]:
+                if bound is not None and not bound[1]:
                     kept = views.get(bound[0])
                     if kept is not None:
-                        t = kept.get(whole)
+                        whole = results_of[i]
+                        if whole is not None:
+                            t = kept.get(whole)
+                        if t is None and (of := of_kept[i]) is not None:
+                            # another layout of a graph's result, viewed from it at once
+                            # (in bounds: the buffer is the result's whole extent)
+                            r = kept.get(of[0])
+                            if r is not None and of[4] <= nbytes[bound[0]]:
+                                t = r.as_strided(of[1], of[2], of[3])
                 args[i + 2] = t if t is not None else self._view(s, a, i, bound, keep=False)
                 made_for[i] = _STALE
                 passing.append(i)
@@ -590,13 +613,14 @@ def replay_graph(
                 graph.let_go()
 
     results = a.runtime.run(job, [], [], stream)
-    keep_as_is, buffers = a.keep_as_is, s.buffers
+    buffers = s.buffers
     s.check_room(len(results))
     handles = [binds[h][0] for h in graph._result_keys]
     if not buffers.keys().isdisjoint(handles) or len(set(handles)) < len(handles):
         in_use = next(h for k, h in enumerate(handles) if h in buffers or h in handles[:k])
         raise CallFailed(f"buffer handle {in_use} is already in use")
     made: set[int] = set()  # the results' memory: two of them never one buffer's
+    kept: list[tuple[int, Any, int, str, Any]] = []
     for r, d, handle, extent, whole in zip(
         results, graph.results, handles, graph.extents, graph.wholes, strict=True
     ):
@@ -611,13 +635,14 @@ def replay_graph(
         ):
             made.add(address)
             # (the view a graph's input of its layout reads: r itself)
-            keep_as_is(handle, r, extent, d.dtype, whole)
+            kept.append((handle, r, extent, d.dtype, whole))
         elif keep:  # (copied into a buffer of its own)
             a.operand_memory = made | {address}
             a.keep_outputs(f"step {step.handle}", [r], [d._replace(handle=handle)])
         else:
             s.alloc(handle, extent)
             a.fill_outputs(f"step {step.handle}", [r], [d._replace(handle=handle)])
+    a.keep_as_is(kept)
     if traced:
         graph.replay_thread_ns += time.thread_time_ns() - h0
 
@@ -736,10 +761,12 @@ def _content_key(graph: StepGraph, inputs: list[Any], options: str) -> str:
     return h.hexdigest()
 
 
-def _whole(d: TensorDesc) -> tuple[Any, ...]:
+def _whole(d: TensorDesc) -> str:
     """The key, among a buffer's views, of tensor ``d`` laid out from the buffer's byte 0
-    (a graph's result is kept under it: a later graph's input of that layout is it)."""
-    return ("whole", d.sizes, d.strides, d.dtype)
+    (a graph's result is kept under it: a later graph's input of that layout is it). A
+    string, which keeps its hash: each replay looks such keys up by the hundred (the other
+    keys there are tuples and array descriptors, never strings)."""
+    return f"whole {d.dtype} {d.sizes} {d.strides}"
 
 
 def _bound(d: TensorDesc, binds: Binds) -> TensorDesc:

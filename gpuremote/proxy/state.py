@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..backends import Backend
+from ..backends.torch_runtime import Unadopted
 from ..errors import UnknownHandle
 from ..wire.calls import CallClass
 from ..wire.protocol import ArrayDesc, BadCommandAt, Command, ErrorInfo
@@ -241,6 +242,8 @@ class SessionState:
         buf = self.buffers.get(desc.handle)
         if buf is None:
             raise UnknownHandle(f"unknown buffer handle {desc.handle}")
+        if type(buf) is Unadopted:
+            buf = self.buffers[desc.handle] = buf.adopt()
         end = desc.offset + desc.nbytes
         if end > self.nbytes[desc.handle]:
             raise CallFailed(
@@ -253,6 +256,15 @@ class SessionState:
         if len(views) < 64:
             views[desc] = v
         return v
+
+    def buffer(self, handle: int) -> Any:
+        """Buffer ``handle`` of the backend's (made now where it was ``Unadopted``)."""
+        buf = self.buffers.get(handle)
+        if buf is None:
+            raise UnknownHandle(f"unknown buffer handle {handle}")
+        if type(buf) is Unadopted:
+            buf = self.buffers[handle] = buf.adopt()
+        return buf
 
     def check_new(self, table: dict[int, Any], handle: int, what: str) -> None:
         """``handle`` may name a new ``what`` in ``table`` (unused, within the limit)."""

@@ -308,16 +308,19 @@ class AtenTemplate:
         if len(made) != len(outputs):
             a.keep_outputs(self.name, made, self._descs(outputs))  # raises, allocating them
             return
-        keep, device = a.keep_as_is, a.device
+        device = a.device
+        kept: list[tuple[int, Any, int, str, Any]] = []
         copy: list[tuple[Any, TensorDesc]] = []
         for r, h, (sizes, strides, dtype, nbytes, torch_dtype) in zip(
             made, outputs, self.outputs, strict=True
         ):
             if kept_as_is(r, sizes, strides, torch_dtype, nbytes, memory, device):
-                keep(h, r, nbytes, dtype)
+                kept.append((h, r, nbytes, dtype, None))
             else:
                 s.alloc(h, nbytes)
                 copy.append((r, TensorDesc(h, 0, sizes, strides, dtype)))
+        if kept:
+            a.keep_as_is(kept)
         if copy:
             a.fill_outputs(self.name, [r for r, _ in copy], [d for _, d in copy])
 

@@ -77,9 +77,7 @@ def copy_d2d(s: SessionState, ctx: BatchContext, dst: ArrayDesc, src: ArrayDesc)
 def memset(
     s: SessionState, ctx: BatchContext, handle: int, offset: int, nbytes: int, value: int
 ) -> None:
-    buf = s.buffers.get(handle)
-    if buf is None:
-        raise UnknownHandle(f"unknown buffer handle {handle}")
+    buf = s.buffer(handle)
     if offset + nbytes > s.nbytes[handle]:
         raise CallFailed(
             f"memset of [{offset}, {offset + nbytes}) outside buffer {handle} "
