@@ -278,7 +278,7 @@ class StepGraph:
                             t = kept.get(whole)
                         if t is None and (of := of_kept[i]) is not None:
                             # another layout of a graph's result, viewed from it at once
-                            # (in bounds: the buffer is the result's whole extent)
+                            # (bounds: the byte past its reach, against the buffer's size)
                             r = kept.get(of[0])
                             if r is not None and of[4] <= nbytes[bound[0]]:
                                 t = r.as_strided(of[1], of[2], of[3])

@@ -240,10 +240,8 @@ class SessionState:
             if v is not None:
                 return v
         buf = self.buffers.get(desc.handle)
-        if buf is None:
-            raise UnknownHandle(f"unknown buffer handle {desc.handle}")
-        if type(buf) is Unadopted:
-            buf = self.buffers[desc.handle] = buf.adopt()
+        if buf is None or type(buf) is Unadopted:
+            buf = self.buffer(desc.handle)  # (raises for an unknown handle)
         end = desc.offset + desc.nbytes
         if end > self.nbytes[desc.handle]:
             raise CallFailed(
