@@ -12,7 +12,10 @@ traces what they do into a ``torch.fx.GraphModule``:
 - a buffer the step makes is the tensor its op made (no buffer, no handle): laid out as the
   client's metadata says, or copied into such a layout where the kernel chose another (as the
   op-by-op path copies it), its views taken by ``as_strided``;
-- its outputs are the step's results, which become the replay's new buffers.
+- its outputs are the step's results, which become the replay's new buffers (each the tensor
+  itself, ``AtenSession.keep_as_is``: on a CPU proxy the NumPy array of its bytes is made only
+  where something reads the buffer as one, ``backends.torch_runtime.Unadopted``); a later
+  graph's input of a result's layout is that tensor, of another layout a view of it.
 
 Every later replay calls the graph's generated Python (``GraphModule.forward``: the ops one
 after another, nothing else), or, where the proxy is set to (``graphs="inductor"``), the
