@@ -314,7 +314,7 @@ class AtenSession:
             if nbytes < itemsize:  # no element fits (a 0-byte view of bytes has stride 0)
                 typed = self.torch.empty(0, dtype=dtype, device=self.device)
                 return typed.as_strided(sizes, strides, 0)
-            base = self.runtime.buffer(s.buffer(handle) if type(buf) is Unadopted else buf)
+            base = self.runtime.buffer(s.buffer(handle))  # (made now where ``Unadopted``)
             if nbytes % itemsize:  # (the whole elements; a slice costs more than the view)
                 base = base.narrow(0, 0, nbytes - nbytes % itemsize)
             typed = base.view(dtype)
