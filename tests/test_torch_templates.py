@@ -108,9 +108,9 @@ def test_eager_ops_after_the_first_go_by_template_and_equal_the_whole_calls() ->
 
 def test_a_kept_calls_signature_is_the_encoders() -> None:
     """A kept template's call is made from ``quick_signature`` (no wire form): it gives the
-    signature, places and floats ``Encoder`` gives the same arguments, floats' values in the
-    signature or not; None where the encoder must run (a CPU scalar it uploads, a lazy bit
-    it resolves, a value of another kind)."""
+    signature, places and floats ``Encoder`` gives the same arguments (keywords too),
+    floats' values in the signature or not; None where the encoder must run (a CPU scalar
+    it uploads, a lazy bit it resolves, a value of another kind)."""
     from gpuremote.torch._encoding import Encoder, quick_signature
 
     conn = gt.connect_local("numpy")
@@ -127,17 +127,77 @@ def test_a_kept_calls_signature_is_the_encoders() -> None:
                 encode = Encoder([], lambda t: t, floats_matter)
                 for a in args:
                     encode(a)
-                quick = quick_signature(args, floats_matter)
+                quick = quick_signature(args, {}, floats_matter)
                 assert quick is not None, args
                 sig, places, floats = quick
                 assert tuple(sig) == encode.signature(), args
                 assert hash(tuple(sig)) == hash(encode.signature())
                 assert (places, floats) == (encode.places, encode.floats)
+        for args, kwargs in [((x, x), {"alpha": 0.5}), ((x, x[0], x[1]), {"value": -2})]:
+            for floats_matter in (True, False):
+                encode = Encoder([], lambda t: t, floats_matter)
+                for a in args:
+                    encode(a)
+                encode.keywords(kwargs)
+                quick = quick_signature(args, kwargs, floats_matter)
+                assert quick is not None and tuple(quick[0]) == encode.signature()
+                assert (quick[1], quick[2]) == (encode.places, encode.floats)
         z = torch.ones(2, dtype=torch.complex64, device="gpuremote")
         for args in [(x, torch.tensor(2.0)), (z.conj(),), (x, torch.device("cpu"))]:
-            assert quick_signature(args, True) is None
+            assert quick_signature(args, {}, True) is None
+        assert quick_signature((x,), {"out": torch.ones(1)}, True) is None
     finally:
         conn.close()
+
+
+def test_calls_with_numbers_or_keywords_go_by_template_from_their_second_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A call passing a Python number for a tensor (``x * 0.5``: PyTorch hands the kernel
+    ``mul.Tensor`` with a number, run as ``mul.Scalar``) or keyword arguments (``alpha=``,
+    ``value=``) is found by its quick signature from its second call on: no ``Encoder``,
+    no turn through the scalar overload (counted together); one template each (the number's call
+    is the scalar overload's template); the results as on the CPU, the floats each call's."""
+    from gpuremote.torch import _dispatch
+
+    encoded: list[int] = []
+
+    class CountingEncoder(_dispatch.Encoder):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            encoded.append(1)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(_dispatch, "Encoder", CountingEncoder)
+    as_scalars = _dispatch.Dispatcher._numbers_as_scalars
+
+    def counting(*args: Any) -> Any:
+        encoded.append(1)
+        return as_scalars(*args)
+
+    monkeypatch.setattr(_dispatch.Dispatcher, "_numbers_as_scalars", counting)
+    programs = {
+        "x * s": lambda x, y, s: x * s,
+        "x + 1": lambda x, y, s: x + 1,
+        "x.add_(s)": lambda x, y, s: x.add_(s),
+        "x.add_(y, alpha=s)": lambda x, y, s: x.add_(y, alpha=s),
+        "x.addcdiv_(y, y + 1, value=s)": lambda x, y, s: x.addcdiv_(y, y + 1, value=s),
+        "torch.add(x, y, alpha=2)": lambda x, y, s: torch.add(x, y, alpha=2),
+    }
+    with gt.connect_local("numpy") as conn:
+        for code, program in programs.items():
+            cpu = (torch.arange(4.0), torch.full((4,), 2.0))
+            remote = tuple(t.to("gpuremote") for t in cpu)
+            for s in (0.25, -1.5):  # (the first calls keep the signatures: a functional
+                program(*remote, s)  # op's floats are in its signature, an in-place op's not)
+            cpu[0].copy_(remote[0].cpu())
+            before, templates = len(encoded), conn.stats()["templates"]
+            for s in (0.25, -1.5, 0.25):
+                mine, theirs = program(*remote, s), program(*cpu, s)
+                assert torch.equal(mine.cpu(), theirs), code
+                assert torch.equal(remote[0].cpu(), cpu[0]), code
+            # (``y + 1`` is a call with a number too: it goes by template as well)
+            assert len(encoded) == before, code
+            assert conn.stats()["templates"] == templates, code
 
 
 def test_numbers_of_other_types_are_other_signatures() -> None:

@@ -329,13 +329,16 @@ class Dispatcher:
         plan = self._plans.get(id(op)) or self.plan(op)
         if plan.view:
             return op.redispatch(_CPU_KEYS, *args, **kwargs)
-        if not kwargs and not plan.dynamic:
-            result = self._by_template(plan, args)
+        if not plan.dynamic:
+            result = self._by_template(plan, args, kwargs)
             if result is not _MISS:
                 return result
         numbers = self._numbers_as_scalars(op, plan, args, kwargs)
         if numbers is not None:  # (before encoding: such a call's signature is never kept)
-            return self.run(*numbers)
+            result = self.run(*numbers)
+            if numbers[0] is not op and not plan.dynamic:
+                self._by_template_too(plan, numbers[0], args, kwargs)
+            return result
         tensors: list[torch.Tensor] = []
         if len(self.drivers) > 1:  # (each operand checked to be on the op's device)
             index = _index_of(args, kwargs)
@@ -392,14 +395,14 @@ class Dispatcher:
             return outputs[0]
         return self._result(plan, args, kwargs, iter(outputs), counts)
 
-    def _by_template(self, plan: _Plan, args: tuple[Any, ...]) -> Any:
+    def _by_template(self, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The call of an op whose signature the session keeps by template, made from its
-        positional arguments' signature alone (``quick_signature``): no wire form built;
-        ``_MISS`` where it is not such a call (``run`` then goes the whole way)."""
+        arguments' signature alone (``quick_signature``): no wire form built; ``_MISS``
+        where it is not such a call (``run`` then goes the whole way)."""
         d = self.drivers.get(0)
         if d is None or d.closed or d.recording is not None or len(self.drivers) > 1:
             return _MISS
-        quick = quick_signature(args, not plan.in_place)
+        quick = quick_signature(args, kwargs, not plan.in_place)
         if quick is None:
             return _MISS
         sig, places, floats = quick
@@ -411,7 +414,36 @@ class Dispatcher:
         d.post(_ATEN_CALL, 0, [template, places, handles, floats])
         if plan.one_new and counts == _ONE:
             return outputs[0]
-        return self._result(plan, args, {}, iter(outputs), counts)
+        return self._result(plan, args, kwargs, iter(outputs), counts)
+
+    def _by_template_too(
+        self,
+        plan: _Plan,
+        scalar_op: torch._ops.OpOverload,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
+        """``plan``'s call ``args``, which passed numbers for tensors, is the template of
+        ``scalar_op`` with the same arguments (where the session keeps that one): its next
+        calls find it at once (``x * 0.5``, ``x.add_(1)``: else each call looked itself up,
+        missed, and looked up the scalar overload's call again)."""
+        d = self.drivers.get(0)
+        scalar_plan = self._plans.get(id(scalar_op))
+        if (
+            d is None
+            or d.recording is not None
+            or len(self.drivers) > 1
+            or scalar_plan is None
+            or scalar_plan.returns != plan.returns
+            or scalar_plan.in_place != plan.in_place
+        ):
+            return
+        quick = quick_signature(args, kwargs, not plan.in_place)
+        if quick is not None:
+            sig = tuple(quick[0])
+            kept = d.templates.get((scalar_plan, sig))
+            if kept is not None:  # (not one more template: the proxy's is the same)
+                d.templates[(plan, sig)] = kept
 
     def _numbers_as_scalars(
         self, op: torch._ops.OpOverload, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any]

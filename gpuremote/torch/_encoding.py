@@ -162,17 +162,23 @@ class Encoder:
 
 
 def quick_signature(
-    args: tuple[Any, ...], floats_matter: bool
+    args: tuple[Any, ...], kwargs: dict[str, Any], floats_matter: bool
 ) -> tuple[list[Any], list[Any], list[float]] | None:
-    """``Encoder``'s signature, places and floats of positional ``args``, without their wire
-    form (an op kept by template sends only those), where each argument is a number, None,
-    a string, a dtype, a tensor on this device (no lazy conj or neg bits) or a list of
-    those; None for anything else (``Encoder`` then: it uploads CPU scalars, says what is
-    wrong)."""
+    """``Encoder``'s signature, places and floats of ``args`` and ``kwargs`` (as
+    ``Encoder.keywords`` has them), without their wire form (an op kept by template sends
+    only those), where each argument is a number, None, a string, a dtype, a tensor on this
+    device (no lazy conj or neg bits) or a list of those; None for anything else
+    (``Encoder`` then: it uploads CPU scalars, says what is wrong)."""
     sig: list[Any] = []
     places: list[Any] = []  # (ints)
     floats: list[float] = []
-    return (sig, places, floats) if _quick(args, sig, places, floats, floats_matter) else None
+    if not _quick(args, sig, places, floats, floats_matter):
+        return None
+    for k, v in kwargs.items():  # (an optimizer's ``alpha=``, ``value=``)
+        sig.append(k)
+        if not _quick((v,), sig, places, floats, floats_matter):
+            return None
+    return sig, places, floats
 
 
 def _quick(

@@ -27,19 +27,19 @@ def keep(
     proxy (one ASYNC ``aten_template``); its handle, 0 where the session keeps as many as it
     may (below what the proxy announced: its calls then go whole). ``d.templates[key]``:
     the handle and the metas, found by one lookup per call."""
-    templates = d.templates
     operands = [[0, 0, *desc[2:]] for desc in encode.descs]
     made = [[0, 0, m[0], m[1], m[4]] for m in metas[0] if m is not None]
     info = d.info  # (a proxy that keeps none announces no limit: calls go whole)
+    kept = d.counters.get("templates", 0)  # (``d.templates`` holds other keys of some too)
     held = d.counters.get("template_tensors", 0) + len(operands) + len(made)
-    if len(templates) >= min(_MOST_TEMPLATES, info.get("max_templates", 0)) or held > (
+    if kept >= min(_MOST_TEMPLATES, info.get("max_templates", 0)) or held > (
         info.get("max_template_tensors", 0) // 2
     ):
         return 0
     handle = d.session.new_handle()
     d.post(_ATEN_TEMPLATE, 0, [handle, name, operands, with_holes(wire_args), made])
-    templates[key] = (handle, metas)
-    d.counters.update(templates=len(templates), template_tensors=held)
+    d.templates[key] = (handle, metas)
+    d.counters.update(templates=kept + 1, template_tensors=held)
     return handle
 
 
