@@ -38,7 +38,7 @@ CASES: dict[str, Callable[[Any, Any], Any]] = {
 }
 
 
-def _whole(self: Any, plan: Any, args: Any) -> Any:
+def _whole(self: Any, plan: Any, args: Any, kwargs: Any) -> Any:
     return _dispatch._MISS  # (``run`` then encodes every argument, as it did for every call)
 
 

@@ -850,8 +850,9 @@ _TypedRequest: Any = msgspec.defstruct(
 )
 
 
-def _list_of(item: Any, most: int, least: int = 0) -> Any:
-    return Annotated[list[item], msgspec.Meta(min_length=least, max_length=most)]
+def _tuple_of(item: Any, most: int, least: int = 0) -> Any:
+    """A list on the wire, decoded as the tuple a command holds (no copy after)."""
+    return Annotated[tuple[item, ...], msgspec.Meta(min_length=least, max_length=most)]
 
 
 def _typed_arg(p: Param) -> Any:
@@ -864,13 +865,13 @@ def _typed_arg(p: Param) -> Any:
         Arg.NAME: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME)],
         Arg.TEXT: Annotated[str, msgspec.Meta(max_length=MAX_TEXT)],
         Arg.ARRAY: _Index,
-        Arg.ARRAYS: _list_of(_Index, most),
-        Arg.HANDLES: _list_of(_Handle, most),
+        Arg.ARRAYS: _tuple_of(_Index, most),
+        Arg.HANDLES: _tuple_of(_Handle, most),
         Arg.BUFFER: _Index,
         Arg.PARAMS: Annotated[dict[_Name, _ParamValue], msgspec.Meta(max_length=MAX_PARAMS)],
-        Arg.DIMS: _list_of(Annotated[int, msgspec.Meta(ge=1, le=1 << 31)], 3, 1),
-        Arg.PLACES: _list_of(_Handle, 2 * MAX_TENSORS),
-        Arg.FLOATS: _list_of(float, MAX_TENSORS),
+        Arg.DIMS: _tuple_of(Annotated[int, msgspec.Meta(ge=1, le=1 << 31)], 3, 1),
+        Arg.PLACES: _tuple_of(_Handle, 2 * MAX_TENSORS),
+        Arg.FLOATS: _tuple_of(float, MAX_TENSORS),
     }.get(p.kind)
 
 
@@ -881,16 +882,16 @@ class _NotTyped(Exception):
 def _typed_args(
     spec: CallSpec,
 ) -> tuple[Callable[[Any], Any], tuple[tuple[int, Arg], ...]] | None:
-    """The typed decoding of ``spec``'s arguments and those to convert after it; None where
-    an argument's kind has no type here."""
+    """The typed decoding of ``spec``'s arguments and those to convert or check after it
+    (descriptors by their index in the frame's table, buffers' indices, places in pairs);
+    None where an argument's kind has no type here."""
     types = [_typed_arg(p) for p in spec.args]
     if None in types:
         return None
     convert = tuple(
         (i, p.kind)
         for i, p in enumerate(spec.args)
-        if p.kind
-        in (Arg.ARRAY, Arg.ARRAYS, Arg.HANDLES, Arg.BUFFER, Arg.DIMS, Arg.PLACES, Arg.FLOATS)
+        if p.kind in (Arg.ARRAY, Arg.ARRAYS, Arg.BUFFER, Arg.PLACES)
     )
     return msgspec.msgpack.Decoder(tuple[tuple(types)]).decode, convert  # type: ignore[misc]
 
@@ -939,23 +940,21 @@ def _decode_typed(
             op, ins, outs, params = args
             args = (op, tuple([arrays[i] for i in ins]), tuple([arrays[i] for i in outs]), params)
         elif convert:
-            values = list(args)
+            values = None
             for i, kind in convert:
-                v = values[i]
-                if kind is Arg.ARRAY:
-                    values[i] = arrays[v]
-                elif kind is Arg.ARRAYS:
-                    values[i] = tuple([arrays[a] for a in v])
+                v = args[i]
+                if kind is Arg.PLACES:
+                    if len(v) % 2:
+                        raise _NotTyped("a place without its offset")
                 elif kind is Arg.BUFFER:
                     if v >= nbufs:
                         raise _NotTyped("a buffer index past the frame's")
-                elif kind is Arg.PLACES:
-                    if len(v) % 2:
-                        raise _NotTyped("a place without its offset")
-                    values[i] = tuple(v)
-                else:  # HANDLES, DIMS, FLOATS
-                    values[i] = tuple(v)
-            args = tuple(values)
+                else:  # descriptors: by their index in the frame's table
+                    if values is None:
+                        values = list(args)
+                    values[i] = arrays[v] if kind is Arg.ARRAY else tuple([arrays[a] for a in v])
+            if values is not None:
+                args = tuple(values)
         if ack is False or ack is True:
             out.append(new(Command, (seq, spec, stream, args, ack, False)))
         else:  # an int: OWN, or nothing
