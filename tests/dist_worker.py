@@ -5,7 +5,8 @@ transformer under FSDP2, 4 steps; rank 0 saves the weights in ``GPUREMOTE_TEST_O
 ``collectives`` checks each collective's result against what it must be; ``bytes`` trains
 DDP steps and prints the bytes its session moved per step beside the gradients' bytes;
 ``memory`` trains FSDP2 and prints what its tensors hold beside the whole model's bytes;
-``kill`` trains until rank 1 kills its own proxy at step 2."""
+``kill`` trains until rank 1 kills its own proxy at step 2; ``again`` makes a process group,
+ends it and makes one again at once, rank 0 slow to end the first."""
 
 from __future__ import annotations
 
@@ -172,6 +173,42 @@ def kill(rank: int, steps: int = 6) -> None:
     print(f"rank {rank} finished without an error", flush=True)
 
 
+def again(timeout: float) -> None:
+    """A process group made, ended and made again at once, rank 0 slow to end the first
+    (the job's address taken off its store 1 s late): the second group is a job of its own,
+    never the first one's (whose ranks have joined already)."""
+    import datetime
+
+    from gpuremote.torch import distributed as gd
+
+    shutdown = gd.ProcessGroupGpuremote.shutdown
+
+    def late_shutdown(self: gd.ProcessGroupGpuremote) -> None:
+        if self._rank == 0:
+            store = self._store
+
+            class Late:
+                def delete_key(self, key: str) -> bool:
+                    time.sleep(1.0)
+                    return bool(store.delete_key(key))
+
+            self._store = Late()
+        shutdown(self)
+
+    gd.ProcessGroupGpuremote.shutdown = late_shutdown  # type: ignore[method-assign]
+    try:
+        for n in (1, 2):
+            dist.init_process_group("gpuremote", timeout=datetime.timedelta(seconds=timeout))
+            rank = dist.get_rank()
+            t = torch.full((2,), float(rank + n), device=DEV)
+            dist.all_reduce(t)
+            assert t.tolist() == [2.0 * n + 1] * 2, t
+            dist.destroy_process_group()
+    finally:
+        gd.ProcessGroupGpuremote.shutdown = shutdown  # type: ignore[method-assign]
+    print(f"rank {rank} again ok", flush=True)
+
+
 def example(*args: str) -> None:
     """``examples/ddp.py`` with ``args`` (it makes and ends its own process group)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
@@ -192,9 +229,12 @@ def main() -> int:
         if model in modes:
             example("--steps", "4", *flags, "--out", f"{out}/{model}.pt")
     modes = [m for m in modes if m not in ("ddp", "fsdp")]
+    timeout = float(os.environ.get("GPUREMOTE_TEST_DIST_TIMEOUT", "60"))
+    if "again" in modes:
+        again(timeout)
+        modes.remove("again")
     if not modes:
         return 0
-    timeout = float(os.environ.get("GPUREMOTE_TEST_DIST_TIMEOUT", "60"))
     import datetime
 
     dist.init_process_group("gpuremote", timeout=datetime.timedelta(seconds=timeout))

@@ -130,6 +130,8 @@ def test_ddp_fsdp2_and_every_collective_between_proxies(
       a new group);
     - DDP steps: the client sends commands only (far less than the gradients) and receives
       the loss;
+    - a group made, ended and made again at once, rank 0 slow to end the first: the second
+      is a job of its own;
     - FSDP2 frees what it reshards: a rank's tensors hold its shards (the parameters' and
       the gradients': about one model's bytes), not whole parameters and gradients (two)."""
     log = _torchrun(
@@ -137,6 +139,7 @@ def test_ddp_fsdp2_and_every_collective_between_proxies(
         str(WORKER),
         "ddp",
         "fsdp",
+        "again",
         "collectives",
         "bytes",
         "memory",
@@ -146,6 +149,7 @@ def test_ddp_fsdp2_and_every_collective_between_proxies(
     _assert_trained_alike(tmp_path / "ddp.pt", _one_process("mlp", 4))
     _assert_trained_alike(tmp_path / "fsdp.pt", _one_process("transformer", 4))
     assert log.count("collectives ok") == 2, log[-3000:]
+    assert log.count("again ok") == 2, log[-3000:]  # (a group made again at once)
     # (the ranks' lines may interleave in torchrun's output: each object found where it is)
     rows = [json.loads(m) for m in re.findall(r'\{"rank": [^{}]*\}', log)]
     traffic = [r for r in rows if "grad_bytes" in r]

@@ -115,10 +115,16 @@ class ProcessGroupGpuremote(_ProcessGroup):
         self._id = next(_group_ids)
         # (the proxy takes 0.1 s to a week: a longer timeout, as some scripts give, is a week)
         self._timeout_ms = min(max(100, int(timeout.total_seconds() * 1e3)), _MAX_TIMEOUT_MS)
+        # the job's address, under a key of this group's own: each rank counts the groups
+        # it has made with this store (every member makes the same ones, in the same order),
+        # so that a rank quick to make the next group (after ``destroy_process_group``, in a
+        # store torch reuses) never reads the address of the one before
+        made = store.add(f"{_STORE_KEY}/made/{rank}", 1)
+        self._store_key = f"{_STORE_KEY}/{made}"
         if rank == 0:
             (host, port, key), _ = self._driver.call(_HOST, [size, self._timeout_ms])
-            store.set(_STORE_KEY, f"{host}\n{port}\n{key}")
-        host, port, key = store.get(_STORE_KEY).decode().split("\n")
+            store.set(self._store_key, f"{host}\n{port}\n{key}")
+        host, port, key = store.get(self._store_key).decode().split("\n")
         self._store = store  # (rank 0 takes the job's address off it when the group ends)
         self._driver.call(_JOIN, [self._id, host, int(port), key, rank, size, self._timeout_ms])
 
@@ -333,10 +339,9 @@ class ProcessGroupGpuremote(_ProcessGroup):
             self._driver.call(_SYNC, [])
         except Exception as exc:  # a peer is gone: said, not raised over the error before
             log.warning("gpuremote: rank %d left its group after an error: %s", self._rank, exc)
-        if self._rank == 0:  # every rank read it before joining: a group made again after
-            # destroy_process_group (in a store torch reuses) waits for its own job's
+        if self._rank == 0:  # (every rank read it before joining)
             with contextlib.suppress(Exception):
-                self._store.delete_key(_STORE_KEY)
+                self._store.delete_key(self._store_key)
 
     def __repr__(self) -> str:
         return f"<ProcessGroupGpuremote rank {self._rank} of {self._size} on {self._driver.url}>"
