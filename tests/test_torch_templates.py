@@ -539,3 +539,115 @@ def test_an_op_that_writes_a_kept_buffers_elements_shares_its_views_one_that_lay
         sums += [_read(d, s1, 1), _read(d, s2, 1)]
     assert sums == [[180.0]] * 4
     _ok(other, _upload(other, [1, 1, 1, 1]))
+
+
+# -- the proxy's function made per template -----------------------------------------------
+def _kept_templates(program: Any) -> tuple[list[tuple[Any, ...]], Any]:
+    """Each template call ``program`` makes on an in-process proxy, as the proxy got it
+    (template, AtenSession, SessionState, BatchContext, places, outputs, floats), and what
+    ``program`` returned."""
+    from gpuremote.proxy import templates
+
+    calls: list[tuple[Any, ...]] = []
+    run = templates.AtenTemplate.run
+
+    def spy(self: Any, *call: Any) -> None:
+        calls.append((self, *call))
+        run(self, *call)
+
+    templates.AtenTemplate.run = spy  # type: ignore[method-assign]
+    try:
+        returned = program()
+    finally:
+        templates.AtenTemplate.run = run  # type: ignore[method-assign]
+    return calls, returned
+
+
+def _outcome(way: Any, a: Any, s: Any, ctx: Any, places: Any, outputs: Any, floats: Any) -> Any:
+    """What one way of running a template's call did: its error, or its outputs' bytes and
+    its operands' (after it); then its outputs are freed and its operands' bytes put back."""
+
+    def whole(h: int) -> Any:
+        return a.strided(h, 0, (s.nbytes[h],), (1,), "uint8", s.nbytes[h])
+
+    held = set(s.buffers)
+    operands = [h for h in places[::2] if h in held]
+    before = [whole(h).clone() for h in operands]
+    try:
+        way(a, s, ctx, places, outputs, floats)
+    except Exception as exc:
+        result: Any = (type(exc).__name__, str(exc))
+    else:
+        result = [bytes(whole(h).numpy()) for h in (*outputs, *operands)]
+    s.free([h for h in outputs if h not in held])
+    for h, b in zip(operands, before, strict=True):
+        whole(h).copy_(b)
+    return result
+
+
+def test_a_templates_own_function_does_what_the_general_way_does() -> None:
+    """Each template of common ops gets a function of its own (``AtenTemplate.fast``); on
+    each call, good or bad (another operand, a place off its buffer, a handle unknown or in
+    use, the wrong counts), it does what ``_run`` does: the same bytes, the same error."""
+
+    def program() -> list[Any]:
+        a = torch.arange(16.0, device="gpuremote")
+        b = torch.full((16,), 0.5, device="gpuremote")
+        w = torch.arange(16.0, device="gpuremote").reshape(4, 4)
+        c = torch.empty(16, device="gpuremote")
+        for _ in range(3):  # (the later calls go by template)
+            a + b
+            a.add_(1.0)
+            torch.relu(a - 8)
+            w @ w.t()
+            a.addcmul_(a, b, value=0.5)
+            torch.add(a, b, alpha=2)
+            torch.max(w, dim=0)
+            a[2:10] * b[:8]
+            torch.add(a, b, out=c)
+        float(a.sum())
+        # a template whose output the client lays out by columns: the op's (by rows) is
+        # copied into that layout, not kept as it is
+        d = conn.drivers[0]
+        t = d.session.new_handle()
+        square = [0, 0, [4, 4], [4, 1], "float32"]
+        by_columns = [0, 0, [4, 4], [1, 4], "float32"]
+        d.post(C["aten_template"], 0, [t, "add.Tensor", [square, square], ADD, [by_columns]])
+        from gpuremote.torch._tensors import handle_of
+
+        h = handle_of(w)
+        for _ in range(2):
+            d.post(C["aten_call"], 0, [t, [h, 0, h, 0], [d.session.new_handle()], []])
+        conn.synchronize()
+        return [a, b, w, c]
+
+    with gt.connect_local("numpy") as conn:
+        calls, _alive = _kept_templates(program)
+        conn.synchronize()
+        assert calls
+        names = {c[0].name for c in calls}
+        assert {"add.Tensor", "add_.Scalar", "mm.default", "addcmul_.default", "max.dim"} <= names
+        assert any(o[1] == (1, 4) for c in calls for o in c[0].outputs)  # (by columns)
+        assert all(c[0].fast is not None for c in calls)
+        seen = set()
+        for template, a, s, ctx, places, outputs, floats in calls:
+            if (template.name, template.outputs) in seen:
+                continue
+            seen.add((template.name, template.outputs))
+            new = tuple(range(1 << 40, (1 << 40) + len(outputs)))
+            held = next(iter(s.buffers))
+            n = len(places)
+            variants = [
+                (places, new),
+                (places[:-2], new),  # an operand short
+                (places, (*new[:-1], new[0]) if len(new) > 1 else ()),  # one handle twice
+                (places, (held, *new[1:])),  # a handle in use
+                ((1 << 41, *places[1:]), new),  # an unknown buffer
+                ((places[0], places[1] + (1 << 20), *places[2:]), new),  # off its buffer
+                ((places[0], places[1] + 1, *places[2:]), new),  # not at an element
+                ((*places[: n - 2], places[0], 0), new),  # another operand, another buffer
+            ]
+            for p, o in variants:
+                fast = _outcome(template.fast, a, s, ctx, p, o, floats)
+                general = _outcome(template._run, a, s, ctx, p, o, floats)
+                assert fast == general, (template.name, p, o)

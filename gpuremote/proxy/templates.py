@@ -11,6 +11,15 @@ bounds-checked against its buffer before a view is made of it (the layout's reac
 so the check is one comparison), the outputs' handles are checked to be new, and the op runs
 with the session's generator, in order on the call's stream, as an ``aten`` call would.
 
+Where a template's calls take the common way (a device that keeps what ops make as its
+buffers; the op torch's own callable; each argument an operand, a float or a constant), the
+template gets a function of its own, made once from its plan (``_fast_run``): each operand's
+view, each check, the op's call and the keeping of its one output written out, with no loop
+over operands or arguments and no list built per call beyond the runtime's. It does what the
+general way (``AtenTemplate._run``) does, check for check, error for error; the tests hold the
+two equal on good and bad calls. Its code holds only this proxy's own numbers; the op, the
+constants and the keywords' names are its globals.
+
 A device that does not compute, or times its ops (``sim:``), runs a template's call as the
 ``aten`` call it stands for (``plain``): the same results, without this path's savings.
 """
@@ -18,6 +27,7 @@ A device that does not compute, or times its ops (``sim:``), runs a template's c
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,6 +51,7 @@ class AtenTemplate:
         "allowed",
         "direct",
         "encoded",
+        "fast",
         "kept",
         "kwplan",
         "layouts",
@@ -123,6 +134,9 @@ class AtenTemplate:
         #: on a device that times ops on their shapes alone: the op's work (FLOPs, bytes,
         #: dtype), as its first call found it (the same at every call: the shapes are)
         self.work: tuple[float, float, Any] | None = None
+        #: this template's calls as one function made for it (``_fast_run``), where it
+        #: takes the common way (None: ``_run``'s loops)
+        self.fast = _fast_run(self, a)
 
     def __repr__(self) -> str:
         return f"AtenTemplate({self.name}, {len(self.layouts)} operands)"
@@ -171,10 +185,37 @@ class AtenTemplate:
     ) -> None:
         """Run one call of this template (a device that computes: ``a.by_template``)."""
         try:
-            self._run(a, s, ctx, places, outputs, floats)
+            if self.fast is not None:
+                self.fast(a, s, ctx, places, outputs, floats)
+            else:
+                self._run(a, s, ctx, places, outputs, floats)
         except BaseException:
             self.alloc_missing(s, outputs)  # the client holds these handles whatever happened
             raise
+
+    def view_of(self, a: AtenSession, s: SessionState, k: int, handle: int, offset: int) -> Any:
+        """Operand ``k``'s view at ``[handle, offset]`` where none is kept yet: made of the
+        buffer's flat tensor (bounds-checked), kept with the buffer's views where it may be."""
+        sizes, strides, dtype, itemsize, reach, key, kept_key, lid = self.layouts[k]
+        views = s.views
+        own = views.get(handle)
+        end = offset + reach if reach else 0  # (0: no elements, no byte reached)
+        typed = None if own is None else own.get(key)  # the buffer as a flat tensor
+        kept = self.kept[k]
+        if typed is None and own is not None and kept:  # (``keep_as_is``)
+            typed = own.get(kept_key)
+        if typed is None or offset % itemsize or end > s.nbytes[handle]:
+            if offset % itemsize:
+                raise CallFailed(f"operand {k} at offset {offset}: not a multiple of {itemsize}")
+            t = a.strided(handle, offset, sizes, strides, dtype, end, kept)  # (checks)
+        else:
+            t = typed.as_strided(sizes, strides, offset // itemsize if end else 0)
+        if kept:
+            own = views.setdefault(handle, {})
+            if len(own) >= _MAX_VIEWS:  # (layouts after layouts: start over)
+                own.clear()
+            own[("t", lid, offset)] = t
+        return t
 
     def _run(
         self,
@@ -191,41 +232,15 @@ class AtenTemplate:
             or len(floats) != self.n_floats
         ):
             self.check(places, outputs, floats)  # raises, saying what the call gave
-        buffers, views, strided, kept = s.buffers, s.views, a.strided, self.kept
+        buffers, views, kept = s.buffers, s.views, self.kept
         tensors: list[Any] = []
         reads: list[Any] = []
-        for k, (sizes, strides, dtype, itemsize, reach, key, kept_key, lid) in enumerate(
-            self.layouts
-        ):
+        for k, layout in enumerate(self.layouts):
             handle, offset = places[2 * k], places[2 * k + 1]
             own = views.get(handle)  # (a view kept there was checked when it was made)
-            if own is not None and kept[k]:
-                t = own.get(("t", lid, offset))
-                if t is not None:
-                    tensors.append(t)
-                    reads.append(buffers[handle])
-                    continue
-            end = offset + reach if reach else 0  # (0: no elements, no byte reached)
-            typed = None if own is None else own.get(key)  # the buffer as a flat tensor
-            if typed is None and own is not None and kept[k]:  # (``keep_as_is``)
-                typed = own.get(kept_key)
-            if (
-                typed is None
-                or offset % itemsize
-                or end > s.nbytes[handle]  # (the buffer's bytes: it has a view, it is held)
-            ):
-                if offset % itemsize:
-                    raise CallFailed(
-                        f"operand {k} at offset {offset}: not a multiple of {itemsize}"
-                    )
-                t = strided(handle, offset, sizes, strides, dtype, end, kept[k])  # (checks)
-            else:
-                t = typed.as_strided(sizes, strides, offset // itemsize if end else 0)
-            if kept[k]:
-                own = views.setdefault(handle, {})
-                if len(own) >= _MAX_VIEWS:  # (layouts after layouts: start over)
-                    own.clear()
-                own[("t", lid, offset)] = t
+            t = own.get(("t", layout[7], offset)) if own is not None and kept[k] else None
+            if t is None:
+                t = self.view_of(a, s, k, handle, offset)
             tensors.append(t)
             reads.append(buffers[handle])
         keep = a.runtime.keeps_results
@@ -386,6 +401,163 @@ class Refused:
 
     def alloc_missing(self, s: SessionState, outputs: Sequence[int]) -> None:
         _alloc_missing(s, outputs, self.outputs)
+
+
+def _fast_run(template: AtenTemplate, a: AtenSession) -> Any:
+    """``template._run`` as one function made for this template, where its call takes the
+    common way (a device that keeps what ops make as its buffers; the op is torch's own
+    callable; each argument an operand, a float or a constant): no loop over the operands or
+    the arguments, each read where it is, in the order and with the checks of ``_run``
+    (bounds, new handles, room), which the tests hold equal to it. None where the
+    call does not take that way. The code is made from this proxy's numbers alone (counts,
+    indices, layout ids); the op, the constants and the keywords' names are the function's
+    globals, never text in its code."""
+    if a.runtime.keeps_results is not True or template.direct is None:
+        return None
+    if any(how == _DECODED for how, _ in template.plan) or any(
+        how == _DECODED for _, how, _ in template.kwplan
+    ):
+        return None
+    n, n_out = len(template.layouts), len(template.outputs)
+    env: dict[str, Any] = {
+        "CallFailed": CallFailed,
+        "OP_ERRORS": OP_ERRORS,
+        "first_line": first_line,
+        "template": template,
+        "check": template.check,
+        "view_of": template.view_of,
+        "keep": template._keep,
+        "op": template.direct,
+        "allowed": template.allowed,
+        "TWICE": "an op's outputs must each have a handle of their own",
+    }
+    lines = [
+        "def run(a, s, ctx, places, outputs, floats):",
+        f"    if len(places) != {2 * n} or len(outputs) != {n_out} or len(floats) != "
+        f"{int(template.n_floats)}:",
+        "        check(places, outputs, floats)",
+        "    buffers = s.buffers",
+        "    views = s.views",
+    ]
+    for k in range(n):
+        lines += [f"    h{k} = places[{2 * k}]", f"    o{k} = places[{2 * k + 1}]"]
+        if template.kept[k]:
+            lid = int(template.layouts[k][7])  # (this proxy's number: ``a.layout_ids``)
+            lines += [
+                f"    own = views.get(h{k})",
+                f"    t{k} = None if own is None else own.get(('t', {lid}, o{k}))",
+                f"    if t{k} is None:",
+                f"        t{k} = view_of(a, s, {k}, h{k}, o{k})",
+            ]
+        else:
+            lines.append(f"    t{k} = view_of(a, s, {k}, h{k}, o{k})")
+        lines.append(f"    r{k} = buffers[h{k}]")
+    if n_out:
+        for j in range(n_out):
+            lines += [
+                f"    if outputs[{j}] in buffers:",
+                f"        s.check_new(buffers, outputs[{j}], 'buffer')",
+            ]
+        if n_out > 1:
+            lines += [
+                f"    if len(set(outputs)) != {n_out}:",
+                "        raise CallFailed(TWICE)",
+            ]
+    out_bytes = int(template.out_bytes)
+    lines += [
+        f"    if s.device_bytes + {out_bytes} > s.limits.max_device_bytes:",
+        f"        a._room('outputs', {out_bytes})",
+    ]
+    if n_out:
+        lines += [
+            "    if len(buffers) + len(s.streams) + len(s.events) + len(s.kernels) >= "
+            "s.limits.max_handles:",
+            "        s.check_new(buffers, outputs[0], 'buffer')",
+        ]
+
+    def value(how: int, x: Any, name: str) -> str:
+        if how == _TENSOR:
+            return f"t{int(x)}"
+        if how == _FLOAT:
+            return f"floats[{int(x)}]"
+        env[name] = x  # (a constant: the function's global, never its text)
+        return name
+
+    args = [value(how, x, f"C{i}") for i, (how, x) in enumerate(template.plan)]
+    keywords = []
+    for i, (key, how, x) in enumerate(template.kwplan):
+        env[f"K{i}"] = key
+        keywords.append(f"K{i}: {value(how, x, f'KC{i}')}")
+    if keywords:
+        args.append(f"**{{{', '.join(keywords)}}}")
+    call = f"op({', '.join(args)})"
+    returns = template.allowed.returns
+    if template.one_new:
+        made = "[result] if result is not None else []"
+    elif all(aliases for _, aliases in returns):
+        made = "[]"  # (the op makes nothing: each return is an operand it wrote)
+    else:
+        made = "a.new_tensors(allowed, result)"
+    memory = ", ".join(f"t{k}.untyped_storage().data_ptr()" for k in range(n))
+    lines += [
+        "    def job():",
+        "        with a.isolated():",
+        # the memory of the operands: a tensor the op made there is not its own
+        f"            a.operand_memory = memory = {{{memory}}}"
+        if n
+        else "            a.operand_memory = memory = set()",
+        "            try:",
+        f"                result = {call}",
+        "            except OP_ERRORS as exc:",
+        "                raise CallFailed(f'{type(exc).__name__}: {first_line(exc)}') from None",
+        *_kept_lines(template, a, made, env),
+        f"    a.runtime.run(job, [{', '.join(f'r{k}' for k in range(n))}], "
+        f"[{', '.join(f'r{k}' for k in template.written)}], ctx.stream)",
+    ]
+    code = compile("\n".join(lines), f"<template {template.name}>", "exec")
+    exec(code, env)  # (see the docstring: no text of the client's is in it)
+    return env["run"]
+
+
+def _kept_lines(
+    template: AtenTemplate, a: AtenSession, made: str, env: dict[str, Any]
+) -> list[str]:
+    """``_fast_run``'s lines that make what the op made (``made``: its code) the outputs'
+    buffers: for one output, ``kept_as_is``'s checks written out (the facts of the
+    template's layout known), the tensor kept as it is; else, or where it is not so laid out,
+    ``_keep``."""
+    if len(template.outputs) != 1:
+        if made == "[]" and not template.outputs:
+            return []  # (nothing made, nothing expected)
+        return [f"            keep(a, s, {made}, outputs, memory)"]
+    sizes, strides, dtype, nbytes, torch_dtype = template.outputs[0]
+    nbytes = int(nbytes)
+    if math.prod(sizes) * TENSOR_DTYPES[dtype] != nbytes:  # (not dense: copied, always)
+        return [f"            keep(a, s, {made}, outputs, memory)"]
+    env.update(SIZES=sizes, STRIDES=strides, DTYPE=torch_dtype, DTYPE_NAME=dtype)
+    env["device"] = a.device
+    lines = [f"            made = {made}"]
+    lines += [
+        "            if len(made) != 1:",
+        "                keep(a, s, made, outputs, memory)  # (raises)",
+        "                return",
+        "            m = made[0]",
+        "            st = m.untyped_storage()",
+        "            if (",
+        "                m.dtype == DTYPE",
+        "                and m.stride() == STRIDES",
+        "                and m.shape == SIZES",
+        "                and m.storage_offset() == 0",
+        f"                and st.nbytes() == {nbytes}",
+        "                and st.data_ptr() not in memory",
+        "                and m.device == device",
+        "                and m._base is None",
+        "            ):",
+        f"                a.keep_one_as_is(outputs[0], m, {nbytes}, DTYPE_NAME)",
+        "            else:",
+        "                keep(a, s, made, outputs, memory)  # (copied)",
+    ]
+    return lines
 
 
 def _alloc_missing(s: SessionState, outputs: Sequence[int], layouts: Sequence[Any]) -> None:
