@@ -565,7 +565,8 @@ def _kept_templates(program: Any) -> tuple[list[tuple[Any, ...]], Any]:
 
 def _outcome(way: Any, a: Any, s: Any, ctx: Any, places: Any, outputs: Any, floats: Any) -> Any:
     """What one way of running a template's call did: its error, or its outputs' bytes and
-    its operands' (after it); then its outputs are freed and its operands' bytes put back."""
+    its operands' (after it), and the buffers its job read and wrote in stream order; then
+    its outputs are freed and its operands' bytes put back."""
 
     def whole(h: int) -> Any:
         return a.strided(h, 0, (s.nbytes[h],), (1,), "uint8", s.nbytes[h])
@@ -573,22 +574,36 @@ def _outcome(way: Any, a: Any, s: Any, ctx: Any, places: Any, outputs: Any, floa
     held = set(s.buffers)
     operands = [h for h in places[::2] if h in held]
     before = [whole(h).clone() for h in operands]
+    ordered: list[Any] = []  # the buffers the stream orders the op's job after, by handle
+    run = a.runtime.run
+
+    def spy(job: Any, reads: Any, writes: Any, stream: Any) -> Any:
+        handle = {id(b): h for h, b in s.buffers.items()}
+        ordered.append(([handle[id(b)] for b in reads], [handle[id(b)] for b in writes]))
+        return run(job, reads, writes, stream)
+
+    a.runtime.run = spy
     try:
         way(a, s, ctx, places, outputs, floats)
     except Exception as exc:
-        result: Any = (type(exc).__name__, str(exc))
+        result: Any = (type(exc).__name__, str(exc), ordered)
     else:
-        result = [bytes(whole(h).numpy()) for h in (*outputs, *operands)]
+        result = [bytes(whole(h).numpy()) for h in (*outputs, *operands)], ordered
+    finally:
+        del a.runtime.run
     s.free([h for h in outputs if h not in held])
     for h, b in zip(operands, before, strict=True):
         whole(h).copy_(b)
     return result
 
 
-def test_a_templates_own_function_does_what_the_general_way_does() -> None:
+@pytest.mark.parametrize("backend", ["numpy", "sim:check"])
+def test_a_templates_own_function_does_what_the_general_way_does(backend: str) -> None:
     """Each template of common ops gets a function of its own (``AtenTemplate.fast``); on
     each call, good or bad (another operand, a place off its buffer, a handle unknown or in
-    use, the wrong counts), it does what ``_run`` does: the same bytes, the same error."""
+    use, the wrong counts), it does what ``_run`` does: the same bytes, the same error. On
+    NumPy the ops' results are kept as buffers; on ``sim:check`` (as on a GPU) each output
+    is a buffer of the device's, filled."""
 
     def program() -> list[Any]:
         a = torch.arange(16.0, device="gpuremote")
@@ -621,7 +636,7 @@ def test_a_templates_own_function_does_what_the_general_way_does() -> None:
         conn.synchronize()
         return [a, b, w, c]
 
-    with gt.connect_local("numpy") as conn:
+    with gt.connect_local(backend) as conn:
         calls, _alive = _kept_templates(program)
         conn.synchronize()
         assert calls

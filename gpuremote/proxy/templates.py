@@ -11,10 +11,10 @@ bounds-checked against its buffer before a view is made of it (the layout's reac
 so the check is one comparison), the outputs' handles are checked to be new, and the op runs
 with the session's generator, in order on the call's stream, as an ``aten`` call would.
 
-Where a template's calls take the common way (a device that keeps what ops make as its
-buffers; the op torch's own callable; each argument an operand, a float or a constant), the
-template gets a function of its own, made once from its plan (``_fast_run``): each operand's
-view, each check, the op's call and the keeping of its one output written out, with no loop
+Where a template's calls take the common way (the op torch's own callable; each argument an
+operand, a float or a constant), the template gets a function of its own, made once from its
+plan (``_fast_run``): each operand's view, each check, the op's call and the keeping of its
+one output (where the device keeps what ops make as its buffers) written out, with no loop
 over operands or arguments and no list built per call beyond the runtime's. It does what the
 general way (``AtenTemplate._run``) does, check for check, error for error; the tests hold the
 two equal on good and bad calls. Its code holds only this proxy's own numbers; the op, the
@@ -405,15 +405,17 @@ class Refused:
 
 def _fast_run(template: AtenTemplate, a: AtenSession) -> Any:
     """``template._run`` as one function made for this template, where its call takes the
-    common way (a device that keeps what ops make as its buffers; the op is torch's own
-    callable; each argument an operand, a float or a constant): no loop over the operands or
-    the arguments, each read where it is, in the order and with the checks of ``_run``
-    (bounds, new handles, room), which the tests hold equal to it. None where the
+    common way (the op is torch's own callable; each argument an operand, a float or a
+    constant): no loop over the operands or the arguments, each read where it is, in the
+    order and with the checks of ``_run`` (bounds, new handles, room; on a device that
+    copies results into buffers, a GPU's, the outputs allocated and filled as there), which
+    the tests hold equal to it. None where the
     call does not take that way. The code is made from this proxy's numbers alone (counts,
     indices, layout ids); the op, the constants and the keywords' names are the function's
     globals, never text in its code."""
-    if a.runtime.keeps_results is not True or template.direct is None:
+    if template.direct is None:
         return None
+    keep = bool(a.runtime.keeps_results)  # (else each output is a buffer, filled: a GPU's)
     if any(how == _DECODED for how, _ in template.plan) or any(
         how == _DECODED for _, how, _ in template.kwplan
     ):
@@ -430,6 +432,8 @@ def _fast_run(template: AtenTemplate, a: AtenSession) -> Any:
         "op": template.direct,
         "allowed": template.allowed,
         "TWICE": "an op's outputs must each have a handle of their own",
+        "NAME": template.name,
+        "descs": template._descs,
     }
     lines = [
         "def run(a, s, ctx, places, outputs, floats):",
@@ -452,28 +456,10 @@ def _fast_run(template: AtenTemplate, a: AtenSession) -> Any:
         else:
             lines.append(f"    t{k} = view_of(a, s, {k}, h{k}, o{k})")
         lines.append(f"    r{k} = buffers[h{k}]")
-    if n_out:
-        for j in range(n_out):
-            lines += [
-                f"    if outputs[{j}] in buffers:",
-                f"        s.check_new(buffers, outputs[{j}], 'buffer')",
-            ]
-        if n_out > 1:
-            lines += [
-                f"    if len(set(outputs)) != {n_out}:",
-                "        raise CallFailed(TWICE)",
-            ]
-    out_bytes = int(template.out_bytes)
-    lines += [
-        f"    if s.device_bytes + {out_bytes} > s.limits.max_device_bytes:",
-        f"        a._room('outputs', {out_bytes})",
-    ]
-    if n_out:
-        lines += [
-            "    if len(buffers) + len(s.streams) + len(s.events) + len(s.kernels) >= "
-            "s.limits.max_handles:",
-            "        s.check_new(buffers, outputs[0], 'buffer')",
-        ]
+    if keep:
+        lines += _output_checks(template)
+    else:  # (each output allocated now, filled by the op's job)
+        lines += [f"    s.alloc(outputs[{j}], {int(o[3])})" for j, o in enumerate(template.outputs)]
 
     def value(how: int, x: Any, name: str) -> str:
         if how == _TENSOR:
@@ -510,13 +496,46 @@ def _fast_run(template: AtenTemplate, a: AtenSession) -> Any:
         f"                result = {call}",
         "            except OP_ERRORS as exc:",
         "                raise CallFailed(f'{type(exc).__name__}: {first_line(exc)}') from None",
-        *_kept_lines(template, a, made, env),
-        f"    a.runtime.run(job, [{', '.join(f'r{k}' for k in range(n))}], "
-        f"[{', '.join(f'r{k}' for k in template.written)}], ctx.stream)",
+        *(
+            _kept_lines(template, a, made, env)
+            if keep
+            else [f"            a.fill_outputs(NAME, {made}, descs(outputs))"]
+        ),
     ]
+    writes = [f"r{k}" for k in template.written]
+    if not keep:
+        writes += [f"buffers[outputs[{j}]]" for j in range(n_out)]
+    reads = [f"r{k}" for k in range(n)]
+    lines.append(f"    a.runtime.run(job, [{', '.join(reads)}], [{', '.join(writes)}], ctx.stream)")
     code = compile("\n".join(lines), f"<template {template.name}>", "exec")
     exec(code, env)  # (see the docstring: no text of the client's is in it)
     return env["run"]
+
+
+def _output_checks(template: AtenTemplate) -> list[str]:
+    """``_fast_run``'s lines that check, where ops' results are kept as buffers, that the
+    outputs' handles are new and distinct and that the session has room for them."""
+    n_out = len(template.outputs)
+    lines = []
+    for j in range(n_out):
+        lines += [
+            f"    if outputs[{j}] in buffers:",
+            f"        s.check_new(buffers, outputs[{j}], 'buffer')",
+        ]
+    if n_out > 1:
+        lines += [f"    if len(set(outputs)) != {n_out}:", "        raise CallFailed(TWICE)"]
+    out_bytes = int(template.out_bytes)
+    lines += [
+        f"    if s.device_bytes + {out_bytes} > s.limits.max_device_bytes:",
+        f"        a._room('outputs', {out_bytes})",
+    ]
+    if n_out:
+        lines += [
+            "    if len(buffers) + len(s.streams) + len(s.events) + len(s.kernels) >= "
+            "s.limits.max_handles:",
+            "        s.check_new(buffers, outputs[0], 'buffer')",
+        ]
+    return lines
 
 
 def _kept_lines(
