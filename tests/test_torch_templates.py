@@ -620,6 +620,9 @@ def test_a_templates_own_function_does_what_the_general_way_does(backend: str) -
             torch.max(w, dim=0)
             a[2:10] * b[:8]
             torch.add(a, b, out=c)
+            torch._foreach_mul_([a, c], 0.5)  # (lists of operands)
+            torch._foreach_add([a, b], [b, c], alpha=0.25)
+            torch.cat([a, b, c[:4]])
         float(a.sum())
         # a template whose output the client lays out by columns: the op's (by rows) is
         # copied into that layout, not kept as it is
@@ -641,7 +644,16 @@ def test_a_templates_own_function_does_what_the_general_way_does(backend: str) -
         conn.synchronize()
         assert calls
         names = {c[0].name for c in calls}
-        assert {"add.Tensor", "add_.Scalar", "mm.default", "addcmul_.default", "max.dim"} <= names
+        assert {
+            "add.Tensor",
+            "add_.Scalar",
+            "mm.default",
+            "addcmul_.default",
+            "max.dim",
+            "_foreach_mul_.Scalar",
+            "_foreach_add.List",
+            "cat.default",
+        } <= names
         assert any(o[1] == (1, 4) for c in calls for o in c[0].outputs)  # (by columns)
         assert all(c[0].fast is not None for c in calls)
         seen = set()

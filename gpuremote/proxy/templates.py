@@ -11,8 +11,8 @@ bounds-checked against its buffer before a view is made of it (the layout's reac
 so the check is one comparison), the outputs' handles are checked to be new, and the op runs
 with the session's generator, in order on the call's stream, as an ``aten`` call would.
 
-Where a template's calls take the common way (the op torch's own callable; each argument an
-operand, a float or a constant), the template gets a function of its own, made once from its
+Where a template's calls take the common way (the op torch's own callable: no generator
+lent, no rules of the CPU's own), the template gets a function of its own, made once from its
 plan (``_fast_run``): each operand's view, each check, the op's call and the keeping of its
 one output (where the device keeps what ops make as its buffers) written out, with no loop
 over operands or arguments and no list built per call beyond the runtime's. It does what the
@@ -405,21 +405,16 @@ class Refused:
 
 def _fast_run(template: AtenTemplate, a: AtenSession) -> Any:
     """``template._run`` as one function made for this template, where its call takes the
-    common way (the op is torch's own callable; each argument an operand, a float or a
-    constant): no loop over the operands or the arguments, each read where it is, in the
-    order and with the checks of ``_run`` (bounds, new handles, room; on a device that
+    common way (the op is torch's own callable): no loop over the operands or the arguments
+    (lists of operands, a ``_foreach_`` op's, written out too), each read where it is, in
+    the order and with the checks of ``_run`` (bounds, new handles, room; on a device that
     copies results into buffers, a GPU's, the outputs allocated and filled as there), which
-    the tests hold equal to it. None where the
-    call does not take that way. The code is made from this proxy's numbers alone (counts,
-    indices, layout ids); the op, the constants and the keywords' names are the function's
-    globals, never text in its code."""
+    the tests hold equal to it. None where the call does not take that way. The code is made
+    from this proxy's numbers alone (counts, indices, layout ids); the op, the constants and
+    the keywords' names are the function's globals, never text in its code."""
     if template.direct is None:
         return None
     keep = bool(a.runtime.keeps_results)  # (else each output is a buffer, filled: a GPU's)
-    if any(how == _DECODED for how, _ in template.plan) or any(
-        how == _DECODED for _, how, _ in template.kwplan
-    ):
-        return None
     n, n_out = len(template.layouts), len(template.outputs)
     env: dict[str, Any] = {
         "CallFailed": CallFailed,
@@ -466,7 +461,20 @@ def _fast_run(template: AtenTemplate, a: AtenSession) -> Any:
             return f"t{int(x)}"
         if how == _FLOAT:
             return f"floats[{int(x)}]"
+        if how == _DECODED:  # (a list holding operands or floats: written out)
+            return held(x, name)
         env[name] = x  # (a constant: the function's global, never its text)
+        return name
+
+    def held(v: Any, name: str) -> str:
+        """The code of wire value ``v`` as ``AtenSession.decode`` makes it per call."""
+        if type(v) is list and _holds(v):
+            return f"[{', '.join(held(e, f'{name}_{i}') for i, e in enumerate(v))}]"
+        if type(v) is dict and "t" in v:
+            return f"t{int(v['t'])}"  # (< the operands' count: ``_indices`` checked it)
+        if type(v) is dict and "f" in v:
+            return f"floats[{int(v['f'])}]"  # (< ``n_floats``, the call's count)
+        env[name] = a.decode(v, ())  # a constant, decoded once
         return name
 
     args = [value(how, x, f"C{i}") for i, (how, x) in enumerate(template.plan)]
