@@ -458,9 +458,9 @@ def _fast_run(template: AtenTemplate, a: AtenSession) -> Any:
 
     def value(how: int, x: Any, name: str) -> str:
         if how == _TENSOR:
-            return f"t{int(x)}"
+            return f"t{_index(x)}"
         if how == _FLOAT:
-            return f"floats[{int(x)}]"
+            return f"floats[{_index(x)}]"
         if how == _DECODED:  # (a list holding operands or floats: written out)
             return held(x, name)
         env[name] = x  # (a constant: the function's global, never its text)
@@ -471,9 +471,9 @@ def _fast_run(template: AtenTemplate, a: AtenSession) -> Any:
         if type(v) is list and _holds(v):
             return f"[{', '.join(held(e, f'{name}_{i}') for i, e in enumerate(v))}]"
         if type(v) is dict and "t" in v:
-            return f"t{int(v['t'])}"  # (< the operands' count: ``_indices`` checked it)
+            return f"t{_index(v['t'])}"  # (< the operands' count: ``_indices`` checked it)
         if type(v) is dict and "f" in v:
-            return f"floats[{int(v['f'])}]"  # (< ``n_floats``, the call's count)
+            return f"floats[{_index(v['f'])}]"  # (< ``n_floats``, the call's count)
         env[name] = a.decode(v, ())  # a constant, decoded once
         return name
 
@@ -518,6 +518,14 @@ def _fast_run(template: AtenTemplate, a: AtenSession) -> Any:
     code = compile("\n".join(lines), f"<template {template.name}>", "exec")
     exec(code, env)  # (see the docstring: no text of the client's is in it)
     return env["run"]
+
+
+def _index(x: Any) -> int:
+    """An operand's or a float's index, as the code of ``_fast_run`` writes it: an int, 0 or
+    more (the wire checked it so; the code is made of nothing else)."""
+    if type(x) is not int or x < 0:
+        raise CallFailed(f"an argument's index {x!r} is not one")
+    return x
 
 
 def _output_checks(template: AtenTemplate) -> list[str]:
