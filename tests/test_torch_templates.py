@@ -13,6 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the proxy runs ATen ops with the [torch] extra")
 
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
 import gpuremote.torch as gt  # noqa: E402
 from gpuremote.core.driver import SyncDriver  # noqa: E402
 from gpuremote.errors import RemoteCallError  # noqa: E402
@@ -563,6 +565,18 @@ def _kept_templates(program: Any) -> tuple[list[tuple[Any, ...]], Any]:
     return calls, returned
 
 
+class _Seen(TorchDispatchMode):
+    """A dispatch mode that notes the ops it sees."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[Any] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops.append(func)
+        return func(*args, **(kwargs or {}))
+
+
 def _outcome(way: Any, a: Any, s: Any, ctx: Any, places: Any, outputs: Any, floats: Any) -> Any:
     """What one way of running a template's call did: its error, or its outputs' bytes and
     its operands' (after it), and the buffers its job read and wrote in stream order; then
@@ -678,3 +692,9 @@ def test_a_templates_own_function_does_what_the_general_way_does(backend: str) -
                 fast = _outcome(template.fast, a, s, ctx, p, o, floats)
                 general = _outcome(template._run, a, s, ctx, p, o, floats)
                 assert fast == general, (template.name, p, o)
+            # in a thread with dispatch modes (a proxy in the client's process, tracing), the
+            # op runs as plain torch, set aside from them
+            with _Seen() as mode:
+                fast = _outcome(template.fast, a, s, ctx, places, new, floats)
+            assert fast == _outcome(template._run, a, s, ctx, places, new, floats)
+            assert template.allowed.op not in mode.ops

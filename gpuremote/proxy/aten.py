@@ -572,14 +572,6 @@ class AtenSession:
                 {("kept", dtype_name): r} if whole is None else {("kept", dtype_name): r, whole: r}
             )
 
-    def keep_one_as_is(self, handle: int, r: Any, nbytes: int, dtype_name: str) -> None:
-        """``keep_as_is`` of one tensor (no ``whole`` key): an op's one output."""
-        runtime = self.runtime
-        self.state.adopt(
-            handle, Unadopted(runtime, r) if runtime.adopts_later else runtime.adopt(r), nbytes
-        )
-        self.state.views[handle] = {("kept", dtype_name): r}
-
     def adopt_results(self, name: str, made: Sequence[Any], handles: Sequence[int]) -> list[Any]:
         """Keep what a data-dependent op made, each as a new buffer under the client's
         handle; returns each one's [sizes, dtype]."""

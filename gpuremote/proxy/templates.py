@@ -31,6 +31,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from ..backends.torch_runtime import Unadopted
 from ..wire.protocol import TENSOR_DTYPES, TensorDesc, extent
 from .aten import CPU_GAPS, OP_ERRORS, AtenSession, first_line, kept_as_is, resolve_op
 from .state import CALL_FAILURES, BatchContext, CallFailed, SessionState, UnknownHandle
@@ -493,22 +494,31 @@ def _fast_run(template: AtenTemplate, a: AtenSession) -> Any:
     else:
         made = "a.new_tensors(allowed, result)"
     memory = ", ".join(f"t{k}.untyped_storage().data_ptr()" for k in range(n))
-    lines += [
-        "    def job():",
-        "        with a.isolated():",
+    body = [
         # the memory of the operands: a tensor the op made there is not its own
-        f"            a.operand_memory = memory = {{{memory}}}"
+        f"    a.operand_memory = memory = {{{memory}}}"
         if n
-        else "            a.operand_memory = memory = set()",
-        "            try:",
-        f"                result = {call}",
-        "            except OP_ERRORS as exc:",
-        "                raise CallFailed(f'{type(exc).__name__}: {first_line(exc)}') from None",
+        else "    a.operand_memory = memory = set()",
+        "    try:",
+        f"        result = {call}",
+        "    except OP_ERRORS as exc:",
+        "        raise CallFailed(f'{type(exc).__name__}: {first_line(exc)}') from None",
         *(
             _kept_lines(template, a, made, env)
             if keep
-            else [f"            a.fill_outputs(NAME, {made}, descs(outputs))"]
+            else [f"    a.fill_outputs(NAME, {made}, descs(outputs))"]
         ),
+    ]
+    env["dispatch_modes"] = a.torch._C._len_torch_dispatch_stack
+    # (``a.isolated()`` only where the thread has modes to set aside: a proxy in the
+    # client's process, tracing; the same lines either way)
+    lines += [
+        "    def job():",
+        "        if dispatch_modes():",
+        "            with a.isolated():",
+        *(f"            {line}" for line in body),
+        "        else:",
+        *(f"        {line}" for line in body),
     ]
     writes = [f"r{k}" for k in template.written]
     if not keep:
@@ -564,35 +574,38 @@ def _kept_lines(
     if len(template.outputs) != 1:
         if made == "[]" and not template.outputs:
             return []  # (nothing made, nothing expected)
-        return [f"            keep(a, s, {made}, outputs, memory)"]
+        return [f"    keep(a, s, {made}, outputs, memory)"]
     sizes, strides, dtype, nbytes, torch_dtype = template.outputs[0]
     nbytes = int(nbytes)
     if math.prod(sizes) * TENSOR_DTYPES[dtype] != nbytes:  # (not dense: copied, always)
-        return [f"            keep(a, s, {made}, outputs, memory)"]
-    env.update(SIZES=sizes, STRIDES=strides, DTYPE=torch_dtype, DTYPE_NAME=dtype)
-    env["device"] = a.device
-    lines = [f"            made = {made}"]
-    lines += [
-        "            if len(made) != 1:",
-        "                keep(a, s, made, outputs, memory)  # (raises)",
-        "                return",
-        "            m = made[0]",
-        "            st = m.untyped_storage()",
-        "            if (",
-        "                m.dtype == DTYPE",
-        "                and m.stride() == STRIDES",
-        "                and m.shape == SIZES",
-        "                and m.storage_offset() == 0",
-        f"                and st.nbytes() == {nbytes}",
-        "                and st.data_ptr() not in memory",
-        "                and m.device == device",
-        "                and m._base is None",
-        "            ):",
-        f"                a.keep_one_as_is(outputs[0], m, {nbytes}, DTYPE_NAME)",
-        "            else:",
-        "                keep(a, s, made, outputs, memory)  # (copied)",
+        return [f"    keep(a, s, {made}, outputs, memory)"]
+    runtime = a.runtime
+    env.update(SIZES=sizes, STRIDES=strides, DTYPE=torch_dtype, KEPT=("kept", dtype))
+    env.update(device=a.device, runtime=runtime, Unadopted=Unadopted)
+    # (as ``AtenSession.keep_as_is`` keeps one)
+    buffer = "Unadopted(runtime, m)" if runtime.adopts_later else "runtime.adopt(m)"
+    return [
+        f"    made = {made}",
+        "    if len(made) != 1:",
+        "        keep(a, s, made, outputs, memory)  # (raises)",
+        "        return",
+        "    m = made[0]",
+        "    st = m.untyped_storage()",
+        "    if (",
+        "        m.dtype == DTYPE",
+        "        and m.stride() == STRIDES",
+        "        and m.shape == SIZES",
+        "        and m.storage_offset() == 0",
+        f"        and st.nbytes() == {nbytes}",
+        "        and st.data_ptr() not in memory",
+        "        and m.device == device",
+        "        and m._base is None",
+        "    ):",
+        f"        s.adopt(outputs[0], {buffer}, {nbytes})",
+        "        views[outputs[0]] = {KEPT: m}",
+        "    else:",
+        "        keep(a, s, made, outputs, memory)  # (copied)",
     ]
-    return lines
 
 
 def _alloc_missing(s: SessionState, outputs: Sequence[int], layouts: Sequence[Any]) -> None:

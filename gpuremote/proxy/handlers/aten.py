@@ -168,7 +168,9 @@ def aten_call(
     outputs: tuple[int, ...],
     floats: tuple[float, ...],
 ) -> None:
-    a = aten_session(s)
+    a = s.aten  # (made by the template's ``aten_template`` call, where there was one)
+    if type(a) is not AtenSession:
+        a = aten_session(s)
     template = _template(a, handle)
     try:
         if a.by_template:
