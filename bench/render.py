@@ -162,6 +162,20 @@ def _or_dash(v: float | None, fmt: str = ",.1f") -> str:
     return "-" if v is None else format(v, fmt)
 
 
+def _with_quartiles(v: float | None, quartiles: list[float] | None) -> str:
+    """``v`` with its quartiles after it ("12.3 (11.8 to 13.0)"), or "-" where it is
+    missing."""
+    if v is None:
+        return "-"
+    if not quartiles:
+        return f"{v:.1f}"
+    return f"{v:.1f} ({quartiles[0]:.1f} to {quartiles[1]:.1f})"
+
+
+def _shifted(quartiles: list[float] | None, by: float) -> list[float] | None:
+    return None if quartiles is None else [q + by for q in quartiles]
+
+
 def torch_ops_view(state: dict[str, Any]) -> RenderableType:
     """``bench ops --workload``: each PyTorch workload's step, remote beside local (and the
     single ops' client CPU, for ``--workload ops``)."""
@@ -170,9 +184,21 @@ def torch_ops_view(state: dict[str, Any]) -> RenderableType:
     if not ops:
         return steps
     table = result_table(
-        "gpuremote bench ops: one PyTorch op on 16 floats, the client's CPU",
-        ("op", "local µs", "remote (client) µs"),
-        [(o["op"], f"{o['local_cpu_us']:.1f}", f"{o['client_cpu_us']:.1f}") for o in ops],
+        "gpuremote bench ops: one PyTorch op on 16 floats, CPU per op "
+        "(median of the rounds; their quartiles)",
+        ("op", "local µs", "client µs", "proxy µs beyond the op"),
+        [
+            (
+                o["op"],
+                _with_quartiles(o["local_cpu_us"], o.get("local_cpu_us_quartiles")),
+                _with_quartiles(o["client_cpu_us"], o.get("client_cpu_us_quartiles")),
+                _with_quartiles(
+                    o.get("proxy_beyond_op_us"),
+                    _shifted(o.get("proxy_cpu_us_quartiles"), -o["local_cpu_us"]),
+                ),
+            )
+            for o in ops
+        ],
     )
     return Group(table, steps) if state["workloads"] else table
 

@@ -67,6 +67,11 @@ def _p(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
+def _quartiles(seconds: list[float]) -> list[float]:
+    """The 25th and 75th percentiles of per-op ``seconds``, in microseconds."""
+    return [1e6 * float(np.percentile(seconds, q)) for q in (25, 75)]
+
+
 def _row(
     name: str, describe: str, local: _Side, remote: _Side, mode: str = "eager"
 ) -> dict[str, Any]:
@@ -170,13 +175,15 @@ def _op_cases(
     in_process: bool,
 ) -> list[dict[str, Any]]:
     """Client CPU per op for ``OP_CASES`` on 16-float tensors (medians of ``rounds`` rounds
-    of 2,000), remote beside local (the same op on the CPU); and the proxy's process CPU
-    per op (None for a proxy in this process), beside the local op's."""
+    of 2,000, and the rounds' 25th and 75th percentiles: the machine's noise), remote beside
+    local (the same op on the CPU); and the proxy's process CPU per op (None for a proxy in
+    this process), beside the local op's."""
     import torch
 
     rows = []
     for code, op in OP_CASES.items():
         per_dev: dict[str, float] = {}
+        spread: dict[str, list[float]] = {}
         proxy: list[float] = []
         for dev in ("cpu", "gpuremote"):
             a, w = torch.ones(16, device=dev), torch.ones(4, 4, device=dev)
@@ -200,15 +207,21 @@ def _op_cases(
                     if p0 is not None and p1 is not None:
                         proxy.append((p1 - p0) / 2000)
             per_dev[dev] = float(np.median(samples))
+            spread[dev] = _quartiles(samples)
         proxy_us = 1e6 * float(np.median(proxy)) if proxy else None
+        local_us = 1e6 * per_dev["cpu"]
         rows.append(
             {
                 "op": code,
-                "local_cpu_us": 1e6 * per_dev["cpu"],
+                "rounds": rounds,
+                "local_cpu_us": local_us,
+                "local_cpu_us_quartiles": spread["cpu"],
                 "client_cpu_us": 1e6 * per_dev["gpuremote"],
+                "client_cpu_us_quartiles": spread["gpuremote"],
                 # the proxy's whole process (its loop, decoding, the op), where it is one
                 "proxy_cpu_us": proxy_us,
-                "proxy_beyond_op_us": None if proxy_us is None else proxy_us - 1e6 * per_dev["cpu"],
+                "proxy_cpu_us_quartiles": _quartiles(proxy) if proxy else None,
+                "proxy_beyond_op_us": None if proxy_us is None else proxy_us - local_us,
             }
         )
         report({**base, "workloads": [], "ops": rows})

@@ -210,6 +210,27 @@ def test_bench_ops_json(cli_json: Callable[..., Any], transport: str) -> None:
 
 
 @pytest.mark.slow
+def test_bench_ops_single_torch_ops_give_their_spread(
+    cli_json: Callable[..., Any], cli: Any
+) -> None:
+    """``bench ops --workload ops``: per op, the local op's, the client's and the proxy's CPU,
+    each median beside the quartiles of its rounds (the machine's noise), in the JSON and in
+    the table."""
+    pytest.importorskip("torch", reason="the workloads run PyTorch")
+    out = cli_json("bench", "ops", "--workload", "ops", "--backend", "numpy", "--rounds", "3")
+    assert [r["op"] for r in out["ops"]][:2] == ["a + a", "a.add_(1.0)"]
+    for r in out["ops"]:
+        assert r["rounds"] == 3
+        for key in ("local_cpu_us", "client_cpu_us", "proxy_cpu_us"):
+            low, high = r[f"{key}_quartiles"]
+            assert 0 < low <= r[key] <= high, (r["op"], key)
+        assert r["proxy_beyond_op_us"] == pytest.approx(r["proxy_cpu_us"] - r["local_cpu_us"])
+    proc = cli("bench", "ops", "--workload", "ops", "--backend", "numpy", "--rounds", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert "proxy µs beyond the op" in proc.stdout and "a + a" in proc.stdout
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to split")
 def test_bench_ops_pins_the_two_processes(cli_json: Callable[..., Any], cli: Any) -> None:
     out = cli_json(
