@@ -227,7 +227,7 @@ def test_bench_ops_single_torch_ops_give_their_spread(
         assert r["proxy_beyond_op_us"] == pytest.approx(r["proxy_cpu_us"] - r["local_cpu_us"])
     proc = cli("bench", "ops", "--workload", "ops", "--backend", "numpy", "--rounds", "2")
     assert proc.returncode == 0, proc.stderr
-    assert "proxy µs beyond the op" in proc.stdout and "a + a" in proc.stdout
+    assert "beyond" in proc.stdout and "a + a" in proc.stdout  # (the proxy's column)
 
 
 @pytest.mark.slow
