@@ -177,8 +177,8 @@ def _shifted(quartiles: list[float] | None, by: float) -> list[float] | None:
 
 
 def torch_ops_view(state: dict[str, Any]) -> RenderableType:
-    """``bench ops --workload``: each PyTorch workload's step, remote beside local (and the
-    single ops' client CPU, for ``--workload ops``)."""
+    """``bench ops --workload``: each PyTorch workload's step, remote beside local (and, for
+    ``--workload ops``, the single ops' CPU: local, the client's, the proxy's beyond the op)."""
     steps = _torch_steps_table(state)
     ops = state.get("ops")
     if not ops:
