@@ -421,7 +421,6 @@ def _fast_run(template: AtenTemplate, a: AtenSession) -> Any:
         "CallFailed": CallFailed,
         "OP_ERRORS": OP_ERRORS,
         "first_line": first_line,
-        "template": template,
         "check": template.check,
         "view_of": template.view_of,
         "keep": template._keep,
