@@ -199,3 +199,93 @@ def test_guard_library_builds_from_the_installed_source() -> None:
     assert guard._SOURCE.is_file()
     assert "C10_REGISTER_GUARD_IMPL(PrivateUse1" in guard._SOURCE.read_text()
     assert os.path.basename(guard._SOURCE) == "_guard.cpp"
+
+
+VIEWS = """
+import json
+import torch
+import gpuremote.torch as gt
+from gpuremote.torch import _backend, _guard
+
+conn = gt.connect_local("numpy")
+dispatcher = _backend.dispatcher
+run = dispatcher.run
+through_python = []
+
+def counted(op, args, kwargs):
+    through_python.append(str(op))
+    return run(op, args, kwargs)
+
+dispatcher.run = counted
+VIEWS = {
+    "view": lambda x: x.view(6, 4),
+    "as_strided": lambda x: x.as_strided((3, 2), (5, 2), 3),
+    "t": lambda x: x.t(),
+    "transpose": lambda x: x.transpose(0, 1),
+    "unsqueeze": lambda x: x.unsqueeze(1),
+    "expand": lambda x: x[1].expand(3, 6),
+    "select": lambda x: x[2],
+    "slice": lambda x: x[1:3, ::2],
+    "permute": lambda x: x.permute(1, 0),
+    "reshape": lambda x: x.reshape(2, 12),
+    "diagonal": lambda x: x.diagonal(),
+    "flatten": lambda x: x.flatten(),
+    "detach": lambda x: x.detach(),
+}
+base = torch.arange(24.0).reshape(4, 6)
+remote = base.to("gpuremote")
+layouts_equal, values_equal = [], []
+for name, make in VIEWS.items():
+    through_python.clear()
+    v, w = make(base), make(remote)
+    views_in_python = [o for o in through_python if "as_strided" in o or "view" in o]
+    same = (w.shape, w.stride(), w.storage_offset()) == (v.shape, v.stride(), v.storage_offset())
+    shared = w.untyped_storage().data_ptr() == remote.untyped_storage().data_ptr()
+    layouts_equal.append([name, same and shared, len(views_in_python)])
+    values_equal.append([name, torch.equal(w.cpu(), v)])
+# a write through a view reaches its base (the same storage), on both
+base.t()[1:3].add_(100.0)
+remote.t()[1:3].add_(100.0)
+written = torch.equal(remote.cpu(), base)
+# a view past its storage: the CPU's error, word for word
+errors = []
+for x in (base, remote):
+    try:
+        x.as_strided((5, 6), (6, 1), 0)
+        errors.append("")
+    except RuntimeError as exc:
+        errors.append(str(exc))
+# autograd through views
+a = torch.randn(4, 6, requires_grad=True)
+b = a.detach().to("gpuremote").requires_grad_()
+for t in (a, b):
+    (t.t()[1:4].unsqueeze(0).expand(2, 3, 4) * 2.0).sum().backward()
+grads = torch.equal(b.grad.cpu(), a.grad)
+print(json.dumps({
+    "loaded": _guard.loaded(),
+    "kernel": torch._C._dispatch_has_kernel_for_dispatch_key("aten::as_strided", "PrivateUse1"),
+    "layouts": layouts_equal, "values": values_equal, "written": written,
+    "errors": errors, "grads": grads,
+}))
+"""
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_views_take_the_cpus_kernels_in_cpp_else_through_python(
+    python_json: Callable[..., dict[str, Any]], native: str
+) -> None:
+    """Views (metadata only) of a device tensor: by the guard library's C++ kernels (the
+    CPU's own) where it loads, never reaching the Python fallback; by the fallback where it
+    does not (``GPUREMOTE_TORCH_NATIVE=0``). Either way the CPU's layouts, values, shared
+    storage (a write through a view reaches the base), errors and gradients."""
+    out = python_json(VIEWS, GPUREMOTE_TORCH_NATIVE=native)
+    assert out["loaded"] is (native == "1") and out["kernel"] is (native == "1"), out
+    for name, same_layout, in_python in out["layouts"]:
+        assert same_layout, name
+        if native == "1":
+            assert in_python == 0, f"{name}: {in_python} view op(s) through Python"
+    if native == "0":  # (the fallback's way: every view op through Python)
+        assert sum(n for _, _, n in out["layouts"]) >= len(out["layouts"]) - 1, out["layouts"]
+    assert all(same for _, same in out["values"]), out["values"]
+    assert out["written"] and out["grads"], out
+    assert out["errors"][0] and out["errors"][1] == out["errors"][0], out["errors"]

@@ -426,6 +426,9 @@ def register() -> None:
             DEVICE, backend_module=_DeviceModule(), hook=_Hooks(), device_guard=_Guard()
         )
         install(dispatcher)
+        # the guard library's views (C++: as the CPU makes them) where it builds here; else
+        # the fallback's, through Python (``_guard.why_not`` says why)
+        _guard.load()
         _autocast.install(*_AUTOCAST_LIBRARIES)
         torch.serialization.register_package(5, _tag, _restore)
         _patch_storage_copies()

@@ -3,9 +3,15 @@
 // its guard answers index 0 and ignores setDevice, and its factory hardcodes index 0. This
 // replaces the guard (C10_REGISTER_GUARD_IMPL stores it over the Python one when the library
 // loads) with a thread-local current index and a device count set from Python; everything
-// else of the device stays Python. Built by gpuremote/torch/_guard.py with torch's own
-// cpp_extension, at first use, cached per torch build.
+// else of the device stays Python. It also gives the device the CPU's kernels of the views
+// most programs take (as_strided, view, _reshape_alias: metadata only, a new TensorImpl on
+// the same storage), which the Python fallback otherwise reaches by a round trip through
+// Python for each. Built by gpuremote/torch/_guard.py with torch's own cpp_extension, at
+// first use, cached per torch build.
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/view_native.h>
 #include <c10/core/Storage.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -92,7 +98,32 @@ int64_t set_storage(int64_t cdata, int64_t address, int64_t nbytes, int64_t inde
   return nbytes;
 }
 
+// The views, as the CPU's kernels make them (the Python fallback redispatches them there):
+// the same checks (the view within its storage's bytes), nothing sent to the proxy.
+at::Tensor as_strided(const at::Tensor& self, c10::SymIntArrayRef size,
+                      c10::SymIntArrayRef stride, std::optional<c10::SymInt> offset) {
+  return at::native::as_strided_tensorimpl(
+      self, C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride),
+      offset ? std::optional<int64_t>(offset->expect_int()) : std::nullopt);
+}
+
+at::Tensor view(const at::Tensor& self, c10::SymIntArrayRef size) {
+  return at::native::view(self, C10_AS_INTARRAYREF_SLOW(size));
+}
+
+at::Tensor reshape_alias(const at::Tensor& self, c10::SymIntArrayRef size,
+                         c10::SymIntArrayRef stride) {
+  return at::native::_reshape_alias(self, C10_AS_INTARRAYREF_SLOW(size),
+                                    C10_AS_INTARRAYREF_SLOW(stride));
+}
+
 }  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("as_strided", TORCH_FN(as_strided));
+  m.impl("view", TORCH_FN(view));
+  m.impl("_reshape_alias", TORCH_FN(reshape_alias));
+}
 
 TORCH_LIBRARY(gpuremote_guard, m) {
   m.def("empty_on", &empty_on);

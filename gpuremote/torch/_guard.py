@@ -1,7 +1,8 @@
 """The device guard for ``gpuremote:0..k-1``: a small C++ library (``_guard.cpp``) built with
-torch's own ``cpp_extension`` at first use (``connect`` with more than one device) and cached
-per torch build, Python version and source, under ``~/.cache/gpuremote/torch``
-(``GPUREMOTE_CACHE``).
+torch's own ``cpp_extension`` at first use (the device's registration) and cached per torch
+build, Python version and source, under ``~/.cache/gpuremote/torch`` (``GPUREMOTE_CACHE``).
+It also registers the CPU's view kernels (``as_strided``, ``view``, ``_reshape_alias``) for
+the device, so that a view (metadata only) never reaches the Python fallback.
 
 PyTorch's Python backend API serves one device index: its guard says index 0 whatever is set,
 and its empty-tensor factory makes index 0. The library's guard replaces that one when it
@@ -9,7 +10,7 @@ loads (a thread-local current index, a device count set here) and gives a factor
 the index; it also resizes a remote storage (FSDP's ``resize_``), which PyTorch asks of a
 device's C++ hooks. Where it cannot be built (no C++ compiler or ninja,
 ``GPUREMOTE_TORCH_NATIVE=0``), ``load`` returns None and says why (``why_not``): one device,
-as before.
+its views through the Python fallback.
 """
 
 from __future__ import annotations
