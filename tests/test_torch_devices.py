@@ -231,6 +231,7 @@ VIEWS = {
     "diagonal": lambda x: x.diagonal(),
     "flatten": lambda x: x.flatten(),
     "detach": lambda x: x.detach(),
+    "unfold": lambda x: x.unfold(1, 2, 2),
 }
 base = torch.arange(24.0).reshape(4, 6)
 remote = base.to("gpuremote")
@@ -238,11 +239,22 @@ layouts_equal, values_equal = [], []
 for name, make in VIEWS.items():
     through_python.clear()
     v, w = make(base), make(remote)
-    views_in_python = [o for o in through_python if "as_strided" in o or "view" in o]
+    views_in_python = list(through_python)
     same = (w.shape, w.stride(), w.storage_offset()) == (v.shape, v.stride(), v.storage_offset())
     shared = w.untyped_storage().data_ptr() == remote.untyped_storage().data_ptr()
     layouts_equal.append([name, same and shared, len(views_in_python)])
     values_equal.append([name, torch.equal(w.cpu(), v)])
+# complex numbers seen as pairs of reals, and back
+cbase = torch.randn(3, 4, dtype=torch.complex64)
+cremote = cbase.to("gpuremote")
+through_python.clear()
+pairs, back = torch.view_as_real(cremote), torch.view_as_complex(torch.view_as_real(cremote))
+complex_views = [
+    len(through_python),
+    torch.equal(pairs.cpu(), torch.view_as_real(cbase)) and torch.equal(back.cpu(), cbase),
+    pairs.stride() == torch.view_as_real(cbase).stride(),
+    pairs.untyped_storage().data_ptr() == cremote.untyped_storage().data_ptr(),
+]
 # a write through a view reaches its base (the same storage), on both
 base.t()[1:3].add_(100.0)
 remote.t()[1:3].add_(100.0)
@@ -265,7 +277,7 @@ print(json.dumps({
     "loaded": _guard.loaded(),
     "kernel": torch._C._dispatch_has_kernel_for_dispatch_key("aten::as_strided", "PrivateUse1"),
     "layouts": layouts_equal, "values": values_equal, "written": written,
-    "errors": errors, "grads": grads,
+    "errors": errors, "grads": grads, "complex": complex_views,
 }))
 """
 
@@ -288,4 +300,6 @@ def test_views_take_the_cpus_kernels_in_cpp_else_through_python(
         assert sum(n for _, _, n in out["layouts"]) >= len(out["layouts"]) - 1, out["layouts"]
     assert all(same for _, same in out["values"]), out["values"]
     assert out["written"] and out["grads"], out
+    in_python, *complex_same = out["complex"]
+    assert all(complex_same) and (in_python == 0 if native == "1" else in_python > 0), out
     assert out["errors"][0] and out["errors"][1] == out["errors"][0], out["errors"]

@@ -4,13 +4,16 @@
 // replaces the guard (C10_REGISTER_GUARD_IMPL stores it over the Python one when the library
 // loads) with a thread-local current index and a device count set from Python; everything
 // else of the device stays Python. It also gives the device the CPU's kernels of the views
-// most programs take (as_strided, view, _reshape_alias: metadata only, a new TensorImpl on
-// the same storage), which the Python fallback otherwise reaches by a round trip through
-// Python for each. Built by gpuremote/torch/_guard.py with torch's own cpp_extension, at
+// (metadata only, a new TensorImpl on the same storage: as_strided, view, _reshape_alias,
+// unfold, view_as_real, view_as_complex; every other view is composed of these), which the
+// Python fallback otherwise reaches by a round trip through Python for each. Built by gpuremote/torch/_guard.py with torch's own cpp_extension, at
 // first use, cached per torch build.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/unfold_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/view_as_real_native.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/Storage.h>
 #include <c10/core/TensorImpl.h>
@@ -123,6 +126,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("as_strided", TORCH_FN(as_strided));
   m.impl("view", TORCH_FN(view));
   m.impl("_reshape_alias", TORCH_FN(reshape_alias));
+  m.impl("unfold", TORCH_FN(at::native::unfold));
+  m.impl("view_as_real", TORCH_FN(at::native::view_as_real));
+  m.impl("view_as_complex", TORCH_FN(at::native::view_as_complex));
 }
 
 TORCH_LIBRARY(gpuremote_guard, m) {

@@ -1,8 +1,9 @@
 """The device guard for ``gpuremote:0..k-1``: a small C++ library (``_guard.cpp``) built with
 torch's own ``cpp_extension`` at first use (the device's registration) and cached per torch
 build, Python version and source, under ``~/.cache/gpuremote/torch`` (``GPUREMOTE_CACHE``).
-It also registers the CPU's view kernels (``as_strided``, ``view``, ``_reshape_alias``) for
-the device, so that a view (metadata only) never reaches the Python fallback.
+It also registers the CPU's view kernels (``as_strided``, ``view``, ``_reshape_alias``,
+``unfold``, ``view_as_real``, ``view_as_complex``) for the device, so that a view (metadata
+only) never reaches the Python fallback.
 
 PyTorch's Python backend API serves one device index: its guard says index 0 whatever is set,
 and its empty-tensor factory makes index 0. The library's guard replaces that one when it
