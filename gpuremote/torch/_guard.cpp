@@ -6,8 +6,9 @@
 // else of the device stays Python. It also gives the device the CPU's kernels of the views
 // (metadata only, a new TensorImpl on the same storage: as_strided, view, _reshape_alias,
 // unfold, view_as_real, view_as_complex; every other view is composed of these), which the
-// Python fallback otherwise reaches by a round trip through Python for each. Built by gpuremote/torch/_guard.py with torch's own cpp_extension, at
-// first use, cached per torch build.
+// Python fallback otherwise reaches by a round trip through Python for each. Built by
+// gpuremote/torch/_guard.py with torch's own cpp_extension when the device is registered,
+// cached per torch build and source.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
