@@ -108,14 +108,21 @@ def test_eager_ops_after_the_first_go_by_template_and_equal_the_whole_calls() ->
         assert torch.equal(a, b)
 
 
-def test_a_kept_calls_signature_is_the_encoders() -> None:
+@pytest.mark.parametrize("way", ["native", "python"])
+def test_a_kept_calls_signature_is_the_encoders(way: str) -> None:
     """A kept template's call is made from ``quick_signature`` (no wire form): it gives the
     signature, places and floats ``Encoder`` gives the same arguments (keywords too),
     floats' values in the signature or not; None where the encoder must run (a CPU scalar
-    it uploads, a lazy bit it resolves, a value of another kind)."""
+    it uploads, a lazy bit it resolves, a value of another kind). Both ways: the guard
+    library's C ``quick`` and Python's ``_quick``."""
+    from gpuremote.torch import _encoding, _guard
     from gpuremote.torch._encoding import Encoder, quick_signature
 
     conn = gt.connect_local("numpy")
+    if way == "native" and _guard.native_quick() is None:
+        conn.close()
+        pytest.skip(f"the guard library is not loaded: {_guard.why_not()}")
+    _encoding.use_native(_guard.native_quick() if way == "native" else None)
     try:
         x = torch.arange(12.0, device="gpuremote").view(3, 4)
         for args in [
@@ -149,6 +156,7 @@ def test_a_kept_calls_signature_is_the_encoders() -> None:
             assert quick_signature(args, {}, True) is None
         assert quick_signature((x,), {"out": torch.ones(1)}, True) is None
     finally:
+        _encoding.use_native(_guard.native_quick())
         conn.close()
 
 

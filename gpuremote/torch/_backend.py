@@ -13,7 +13,7 @@ from torch.utils.backend_registration import _setup_privateuseone_for_python_bac
 from ..config import resolve_url, url_for_rank
 from ..core.driver import SyncDriver
 from ..wire.calls import CALLS_BY_NAME
-from . import _autocast, _guard
+from . import _autocast, _encoding, _guard, _tensors
 from ._dispatch import Dispatcher
 from ._kernels import install
 from ._tensors import DEVICE, memory_stats, retarget
@@ -426,9 +426,12 @@ def register() -> None:
             DEVICE, backend_module=_DeviceModule(), hook=_Hooks(), device_guard=_Guard()
         )
         install(dispatcher)
-        # the guard library's views (C++: as the CPU makes them) where it builds here; else
-        # the fallback's, through Python (``_guard.why_not`` says why)
-        _guard.load()
+        # the guard library's views (C++: as the CPU makes them) and template signatures
+        # (C) where it builds here; else the fallback's, and Python's (``_guard.why_not``)
+        if _guard.load() is not None:
+            _guard.native_keys(*_encoding.SIGNATURE_KEYS)
+            _encoding.use_native(_guard.native_quick())
+            _tensors.use_native(_guard.native_new_tensor())
         _autocast.install(*_AUTOCAST_LIBRARIES)
         torch.serialization.register_package(5, _tag, _restore)
         _patch_storage_copies()

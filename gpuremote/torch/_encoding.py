@@ -9,10 +9,12 @@ import torch
 
 from ._tensors import DEVICE, DTYPE_NAMES, SHIFT
 
-__all__ = ["Encoder", "quick_signature"]
+__all__ = ["SIGNATURE_KEYS", "Encoder", "quick_signature", "use_native"]
 
 #: a float NaN, and the booleans, in an op's signature (each equals only itself there)
 _NAN, _TRUE, _FALSE = ("float", "nan"), ("bool", True), ("bool", False)
+#: those three, for the guard library's ``quick`` (``_guard.native_keys``)
+SIGNATURE_KEYS = (_NAN, _TRUE, _FALSE)
 #: this device (``gpuremote``, ``gpuremote:0``, by torch's type): an operand on it needs no
 #: other look (a ``torch.device``'s ``type`` makes a string each time it is read)
 _REMOTE = frozenset({torch.device("privateuseone"), torch.device("privateuseone", 0)})
@@ -172,18 +174,27 @@ def quick_signature(
     sig: list[Any] = []
     places: list[Any] = []  # (ints)
     floats: list[float] = []
-    if not _quick(args, sig, places, floats, floats_matter):
+    quick = _QUICK[0]
+    if not quick(args, sig, places, floats, floats_matter):
         return None
     for k, v in kwargs.items():  # (an optimizer's ``alpha=``, ``value=``)
         sig.append(k)
-        if not _quick((v,), sig, places, floats, floats_matter):
+        if not quick((v,), sig, places, floats, floats_matter):
             return None
     return sig, places, floats
+
+
+def use_native(quick: Callable[..., bool] | None) -> None:
+    """``quick_signature`` by ``quick`` (the guard library's ``_quick`` in C: the same
+    appends), or by ``_quick`` with None."""
+    _QUICK[0] = quick or _quick
 
 
 def _quick(
     values: Any, sig: list[Any], places: list[Any], floats: list[float], matter: bool
 ) -> bool:
+    """``values``' signature appended to ``sig``, their tensors' places to ``places``, their
+    floats to ``floats``; False at an argument it does not take."""
     append = sig.append
     for a in values:
         t = type(a)
@@ -214,3 +225,7 @@ def _quick(
         else:
             return False
     return True
+
+
+#: ``quick_signature``'s way (``use_native``)
+_QUICK: list[Callable[..., bool]] = [_quick]

@@ -3,7 +3,8 @@ torch's own ``cpp_extension`` at first use (the device's registration) and cache
 build, Python version and source, under ``~/.cache/gpuremote/torch`` (``GPUREMOTE_CACHE``).
 It also registers the CPU's view kernels (``as_strided``, ``view``, ``_reshape_alias``,
 ``unfold``, ``view_as_real``, ``view_as_complex``) for the device, so that a view (metadata
-only) never reaches the Python fallback.
+only) never reaches the Python fallback, and gives ``native_quick``: an op's arguments to its
+template signature in C (``_encoding._quick``).
 
 PyTorch's Python backend API serves one device index: its guard says index 0 whatever is set,
 and its empty-tensor factory makes index 0. The library's guard replaces that one when it
@@ -32,6 +33,9 @@ __all__ = [
     "empty_on",
     "load",
     "loaded",
+    "native_keys",
+    "native_new_tensor",
+    "native_quick",
     "set_device",
     "set_device_count",
     "set_storage",
@@ -41,6 +45,7 @@ __all__ = [
 _SOURCE = Path(__file__).with_name("_guard.cpp")
 _lock = threading.Lock()
 _ops: Any = None
+_module: Any = None  # (the library as a Python module: ``native_quick``)
 _why = ""
 
 
@@ -70,11 +75,11 @@ def load() -> Any:
         scripts = sysconfig.get_path("scripts")  # a venv's ninja
         os.environ["PATH"] = f"{scripts}{os.pathsep}{path}" if scripts else path
         try:
-            cpp_extension.load(
+            module = cpp_extension.load(
                 name="gpuremote_guard",
                 sources=[str(_SOURCE)],
                 build_directory=str(build),
-                is_python_module=False,
+                is_python_module=True,
                 verbose=False,
             )
         except Exception as exc:  # (no compiler, no ninja, torch's headers missing)
@@ -82,8 +87,27 @@ def load() -> Any:
             return None
         finally:
             os.environ["PATH"] = path
+        global _module
+        _module = module
         _ops = torch.ops.gpuremote_guard
         return _ops
+
+
+def native_quick() -> Any:
+    """The library's ``quick(values, sig, places, floats, matter)`` (``_encoding._quick`` in
+    C), or None where the library is not loaded."""
+    return _module.quick if _module is not None else None
+
+
+def native_new_tensor() -> Any:
+    """The library's ``new_tensor(address, nbytes, sizes, strides, dtype, index)`` ->
+    (tensor, storage), or None where the library is not loaded."""
+    return _module.new_tensor if _module is not None else None
+
+
+def native_keys(nan: Any, true: Any, false: Any) -> None:
+    """The signature's keys for a NaN and the booleans, for ``native_quick`` (loaded)."""
+    _module.keys(nan, true, false)
 
 
 def loaded() -> bool:

@@ -74,8 +74,22 @@ def new_tensor(
 ) -> torch.Tensor:
     """A tensor over remote buffer ``handle`` of ``nbytes`` on device ``gpuremote:index``;
     ``release(handle, nbytes)`` frees the buffer when the storage's last view dies."""
-    storage = new_storage(handle, nbytes, index, release)
-    return tensor_on(storage, 0, sizes, strides, dtype, index)
+    native = _NATIVE[0]
+    if native is None:
+        storage = new_storage(handle, nbytes, index, release)
+        return tensor_on(storage, 0, sizes, strides, dtype, index)
+    t, storage = native(handle << _SHIFT, nbytes, sizes, strides, dtype, index)
+    _adopt(storage, handle, nbytes, index, release)
+    return t
+
+
+def use_native(new: Callable[..., tuple[torch.Tensor, Any]] | None) -> None:
+    """``new_tensor`` by the guard library's ``new_tensor`` (its storage and tensor in one
+    call), or by PyTorch's Python API with None."""
+    _NATIVE[0] = new
+
+
+_NATIVE: list[Callable[..., tuple[torch.Tensor, Any]] | None] = [None]
 
 
 def new_storage(handle: int, nbytes: int, index: int, release: Callable[[int, int], None]) -> Any:
@@ -84,6 +98,14 @@ def new_storage(handle: int, nbytes: int, index: int, release: Callable[[int, in
     if device is None:
         device = _DEVICES[index] = torch.device(DEVICE, index)
     storage = torch._C._construct_storage_from_data_pointer(handle << _SHIFT, device, nbytes)
+    _adopt(storage, handle, nbytes, index, release)
+    return storage
+
+
+def _adopt(
+    storage: Any, handle: int, nbytes: int, index: int, release: Callable[[int, int], None]
+) -> None:
+    """``storage`` frees remote buffer ``handle`` by ``release`` when it dies; counted."""
     _LIVE[weakref.ref(storage, _died)] = (release, handle, nbytes, index)
     stats = _STATS.get(index) or memory_stats(index)
     stats.allocated += nbytes
