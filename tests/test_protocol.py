@@ -421,6 +421,41 @@ def test_the_typed_lane_takes_the_frames_of_the_hot_path() -> None:
     assert [c.ack for c in typed] == [False, False, False, True, False]  # type: ignore[union-attr]
 
 
+def test_the_typed_lane_takes_a_frame_with_calls_it_has_no_type_for() -> None:
+    """A PyTorch frame: ops by template (``aten_call``, typed) beside an op sent whole and a
+    template (``aten``, ``aten_template``: no msgspec type) is still the typed lane's, those
+    two checked one at a time, as ``decode_request`` checks them; a bad one of them sends the
+    frame to ``decode_request``, which fails that command alone."""
+    from gpuremote.wire import protocol
+
+    op = {c.name: c.opcode for c in WIRE}
+    two = [[1, 0, [4], [1], "float32"], [2, 0, [4], [1], "float32"]]
+    add = [[{"t": 0}, {"t": 1}], {}]
+    cmds = [
+        [1, op["aten_call"], 0, [3, [1, 0, 2, 0], [9], []], False],
+        [2, op["aten"], 0, ["copy_.default", two, add, []], False],
+        [
+            3,
+            op["aten_template"],
+            0,
+            [4, "add.Tensor", two, add, [[9, 0, [4], [1], "float32"]]],
+            False,
+        ],
+        [4, op["free_buffers"], 0, [[5, 6]], False],
+    ]
+    frame = encode_request(cmds, [], [], 0)
+    typed, _ = protocol._decode_typed(frame, FrameLimits())
+    assert _same(typed, decode_request(frame)), typed
+    assert [c.spec.name for c in typed] == ["aten_call", "aten", "aten_template", "free_buffers"]  # type: ignore[union-attr]
+    cmds[1][3] = ["copy_.default", [[1, 0, [4], [1], "float65"]], add, []]  # a bad dtype
+    frame = encode_request(cmds, [], [], 0)
+    with pytest.raises(protocol._NOT_TYPED):
+        protocol._decode_typed(frame, FrameLimits())
+    commands, _ = decode_batch(frame, FrameLimits())
+    assert isinstance(commands[1], BadCommandAt) and commands[1].call == "aten"
+    assert not any(isinstance(c, BadCommandAt) for i, c in enumerate(commands) if i != 1)
+
+
 _OP = {c.name: c.opcode for c in WIRE}
 _MAX = (1 << 63) - 1, 1 << 62  # MAX_HANDLE, MAX_SIZE
 

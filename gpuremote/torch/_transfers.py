@@ -14,6 +14,7 @@ from ._tensors import byte_desc, contiguous_strides, describe, is_remote
 
 __all__ = ["Transfers"]
 
+_COPY = torch.ops.aten.copy_.default
 _ATEN, _H2D, _D2H = CALLS_BY_NAME["aten"], CALLS_BY_NAME["copy_h2d"], CALLS_BY_NAME["copy_d2h"]
 _EXPORT, _IMPORT, _PEER_READ = (
     CALLS_BY_NAME["peer_export"],
@@ -26,6 +27,9 @@ class _Devices(Protocol):
     """What copies need of the device's kernels: each index's session, new buffers."""
 
     def driver(self, index: int | None) -> SyncDriver: ...
+    def run(
+        self, op: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any: ...
     def empty(
         self, sizes: Any, strides: Any, dtype: torch.dtype | None, device: torch.device | None
     ) -> torch.Tensor: ...
@@ -48,6 +52,9 @@ class Transfers:
         a buffer are its bytes, so the values are made physical here, as ATen's own copy
         does on the CPU and CUDA."""
         if is_remote(dst) and is_remote(src) and dst.device == src.device:
+            if not (src.is_conj() or dst.is_conj() or src.is_neg() or dst.is_neg()):
+                # the ATen op as any other: by its template from its signature's second call
+                return self._devices.run(_COPY, (dst, src), {})
             d = self._devices.driver(dst.device.index)
             written = [describe(dst)]
             d.post(_ATEN, 0, ["copy_.default", [written[0], describe(src)], _DST_SRC, []])

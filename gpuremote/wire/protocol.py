@@ -933,34 +933,74 @@ def _decode_typed(
     nbufs = len(frame.buffers)
     out: list[Command | BadCommandAt] = []
     typed, launches = _TYPED, _LAUNCH_OPCODES
+    ctx: DecodeContext | None = None
     for seq, opcode, stream, raw, ack in items:
-        spec, decode, convert = typed[opcode]  # KeyError: not a typed call
-        args = decode(raw)
-        if opcode in launches:
-            op, ins, outs, params = args
-            args = (op, tuple([arrays[i] for i in ins]), tuple([arrays[i] for i in outs]), params)
-        elif convert:
-            values = None
-            for i, kind in convert:
-                v = args[i]
-                if kind is Arg.PLACES:
-                    if len(v) % 2:
-                        raise _NotTyped("a place without its offset")
-                elif kind is Arg.BUFFER:
-                    if v >= nbufs:
-                        raise _NotTyped("a buffer index past the frame's")
-                else:  # descriptors: by their index in the frame's table
-                    if values is None:
-                        values = list(args)
-                    values[i] = arrays[v] if kind is Arg.ARRAY else tuple([arrays[a] for a in v])
-            if values is not None:
-                args = tuple(values)
+        entry = typed.get(opcode)
+        if entry is None:  # a call of no msgspec type: its arguments checked one at a time
+            if ctx is None:
+                ctx = DecodeContext(nbufs, limits, list(arrays))
+            spec, args = _untyped_args(opcode, raw, ctx)
+        else:
+            spec, decode, convert = entry
+            args = decode(raw)
+            if opcode in launches:
+                op, ins, outs, params = args
+                args = (
+                    op,
+                    tuple([arrays[i] for i in ins]),
+                    tuple([arrays[i] for i in outs]),
+                    params,
+                )
+            elif convert:
+                args = _converted(args, convert, arrays, nbufs)
         if ack is False or ack is True:
             out.append(new(Command, (seq, spec, stream, args, ack, False)))
         else:  # an int: OWN, or nothing
             own = ack == OWN
             out.append(new(Command, (seq, spec, stream, args, own, own)))
     return out, req.local_calls
+
+
+def _converted(
+    args: Any, convert: tuple[tuple[int, Arg], ...], arrays: list[ArrayDesc], nbufs: int
+) -> Any:
+    """A typed call's arguments with its descriptors (indices into the frame's table) made
+    ``ArrayDesc``s, its buffers' indices and places checked."""
+    values = None
+    for i, kind in convert:
+        v = args[i]
+        if kind is Arg.PLACES:
+            if len(v) % 2:
+                raise _NotTyped("a place without its offset")
+        elif kind is Arg.BUFFER:
+            if v >= nbufs:
+                raise _NotTyped("a buffer index past the frame's")
+        else:  # descriptors: by their index in the frame's table
+            if values is None:
+                values = list(args)
+            values[i] = arrays[v] if kind is Arg.ARRAY else tuple([arrays[a] for a in v])
+    return args if values is None else tuple(values)
+
+
+def _untyped_args(opcode: int, raw: Any, ctx: DecodeContext) -> tuple[CallSpec, Any]:
+    """In the typed lane, a call whose arguments have no msgspec type (an ATen op sent
+    whole, a template, a recorded step): decoded as ``decode_message`` decodes a frame and
+    checked as ``decode_request`` checks it, so that one such call does not send the whole
+    frame to the slow lane; ``_NotTyped`` where that lane must say what is wrong."""
+    entry = _SCHEMA.get(opcode)
+    if entry is None:
+        raise _NotTyped("an unknown call")
+    spec, nargs, check = entry
+    try:
+        args = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True)
+    except Exception:
+        raise _NotTyped("arguments that are not msgpack") from None
+    if type(args) is not list or len(args) != nargs:
+        raise _NotTyped("a wrong number of arguments")
+    try:
+        return spec, check(args, ctx)
+    except BadCommand:
+        raise _NotTyped("a bad argument") from None
 
 
 #: what the typed lane raises for a frame it does not take
