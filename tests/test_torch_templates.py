@@ -108,6 +108,43 @@ def test_eager_ops_after_the_first_go_by_template_and_equal_the_whole_calls() ->
         assert torch.equal(a, b)
 
 
+def test_sessions_of_one_program_share_their_templates_code(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A template's function is compiled once for every session of the proxy that makes the
+    same one (the same program in a new session compiles nothing), each session's results
+    its own; the code kept is bounded."""
+    from gpuremote.proxy import templates
+
+    def program() -> torch.Tensor:
+        torch.manual_seed(0)
+        x = torch.randn(8, 5, device="gpuremote")
+        w = torch.randn(5, 3, device="gpuremote", requires_grad=True)
+        for _ in range(3):
+            loss = (x @ w).relu().sum()
+            loss.backward()
+            with torch.no_grad():
+                w -= 0.1 * w.grad
+                w.grad = None
+        return w.detach().cpu()
+
+    monkeypatch.setattr(templates, "_CODE", {})
+    with gt.connect_local("numpy"):
+        first = program()
+    compiled = dict(templates._CODE)
+    assert compiled, "no template's function was made"
+    with gt.connect_local("numpy") as conn:
+        again = program()
+        assert conn.drivers[0].templates
+    assert compiled == templates._CODE  # (the same code objects: nothing compiled again)
+    assert torch.equal(first, again)
+    monkeypatch.setattr(templates, "_CODE", {})
+    monkeypatch.setattr(templates, "_MOST_CODE", 2)
+    with gt.connect_local("numpy"):
+        assert torch.equal(program(), first)
+    assert 0 < len(templates._CODE) <= 2
+
+
 @pytest.mark.parametrize("way", ["native", "python"])
 def test_a_kept_calls_signature_is_the_encoders(way: str) -> None:
     """A kept template's call is made from ``quick_signature`` (no wire form): it gives the

@@ -524,9 +524,25 @@ def _fast_run(template: AtenTemplate, a: AtenSession) -> Any:
         writes += [f"buffers[outputs[{j}]]" for j in range(n_out)]
     reads = [f"r{k}" for k in range(n)]
     lines.append(f"    a.runtime.run(job, [{', '.join(reads)}], [{', '.join(writes)}], ctx.stream)")
-    code = compile("\n".join(lines), f"<template {template.name}>", "exec")
-    exec(code, env)  # (see the docstring: no text of the client's is in it)
+    exec(_compiled("\n".join(lines), template.name), env)  # (no text of the client's in it)
     return env["run"]
+
+
+def _compiled(text: str, name: str) -> Any:
+    """``text`` compiled, once for every session of this proxy (a session of the same
+    program makes the same text: compiling was most of a new template's cost)."""
+    key = (text, name)
+    code = _CODE.get(key)
+    if code is None:
+        if len(_CODE) >= _MOST_CODE:  # (programs after programs: start over)
+            _CODE.clear()
+        code = _CODE[key] = compile(text, f"<template {name}>", "exec")
+    return code
+
+
+#: ``_fast_run``'s code by its text and op name, for every session (``_compiled``)
+_CODE: dict[tuple[str, str], Any] = {}
+_MOST_CODE = 4096
 
 
 def _index(x: Any) -> int:
