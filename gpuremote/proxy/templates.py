@@ -203,12 +203,21 @@ class AtenTemplate:
         end = offset + reach if reach else 0  # (0: no elements, no byte reached)
         typed = None if own is None else own.get(key)  # the buffer as a flat tensor
         kept = self.kept[k]
-        if typed is None and own is not None and kept:  # (``keep_as_is``)
-            typed = own.get(kept_key)
+        whole = None  # the tensor an op made, kept as the buffer (``keep_as_is``)
+        if typed is None and own is not None and kept:
+            typed = whole = own.get(kept_key)
         if typed is None or offset % itemsize or end > s.nbytes[handle]:
             if offset % itemsize:
                 raise CallFailed(f"operand {k} at offset {offset}: not a multiple of {itemsize}")
             t = a.strided(handle, offset, sizes, strides, dtype, end, kept)  # (checks)
+        elif (
+            whole is not None
+            and not offset
+            and whole.stride() == strides
+            and whole.shape == sizes
+            and not whole.storage_offset()
+        ):
+            t = whole  # (the operand is that tensor, as laid out: no view to make)
         else:
             t = typed.as_strided(sizes, strides, offset // itemsize if end else 0)
         if kept:
