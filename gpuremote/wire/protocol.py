@@ -935,51 +935,39 @@ def _decode_typed(
     typed, launches = _TYPED, _LAUNCH_OPCODES
     ctx: DecodeContext | None = None
     for seq, opcode, stream, raw, ack in items:
-        entry = typed.get(opcode)
-        if entry is None:  # a call of no msgspec type: its arguments checked one at a time
+        if opcode in typed:
+            spec, decode, convert = typed[opcode]
+            args = decode(raw)
+        else:  # a call of no msgspec type: its arguments checked one at a time
             if ctx is None:
                 ctx = DecodeContext(nbufs, limits, list(arrays))
             spec, args = _untyped_args(opcode, raw, ctx)
-        else:
-            spec, decode, convert = entry
-            args = decode(raw)
-            if opcode in launches:
-                op, ins, outs, params = args
-                args = (
-                    op,
-                    tuple([arrays[i] for i in ins]),
-                    tuple([arrays[i] for i in outs]),
-                    params,
-                )
-            elif convert:
-                args = _converted(args, convert, arrays, nbufs)
+            convert = ()
+        if opcode in launches:
+            op, ins, outs, params = args
+            args = (op, tuple([arrays[i] for i in ins]), tuple([arrays[i] for i in outs]), params)
+        elif convert:
+            values = None
+            for i, kind in convert:
+                v = args[i]
+                if kind is Arg.PLACES:
+                    if len(v) % 2:
+                        raise _NotTyped("a place without its offset")
+                elif kind is Arg.BUFFER:
+                    if v >= nbufs:
+                        raise _NotTyped("a buffer index past the frame's")
+                else:  # descriptors: by their index in the frame's table
+                    if values is None:
+                        values = list(args)
+                    values[i] = arrays[v] if kind is Arg.ARRAY else tuple([arrays[a] for a in v])
+            if values is not None:
+                args = tuple(values)
         if ack is False or ack is True:
             out.append(new(Command, (seq, spec, stream, args, ack, False)))
         else:  # an int: OWN, or nothing
             own = ack == OWN
             out.append(new(Command, (seq, spec, stream, args, own, own)))
     return out, req.local_calls
-
-
-def _converted(
-    args: Any, convert: tuple[tuple[int, Arg], ...], arrays: list[ArrayDesc], nbufs: int
-) -> Any:
-    """A typed call's arguments with its descriptors (indices into the frame's table) made
-    ``ArrayDesc``s, its buffers' indices and places checked."""
-    values = None
-    for i, kind in convert:
-        v = args[i]
-        if kind is Arg.PLACES:
-            if len(v) % 2:
-                raise _NotTyped("a place without its offset")
-        elif kind is Arg.BUFFER:
-            if v >= nbufs:
-                raise _NotTyped("a buffer index past the frame's")
-        else:  # descriptors: by their index in the frame's table
-            if values is None:
-                values = list(args)
-            values[i] = arrays[v] if kind is Arg.ARRAY else tuple([arrays[a] for a in v])
-    return args if values is None else tuple(values)
 
 
 def _untyped_args(opcode: int, raw: Any, ctx: DecodeContext) -> tuple[CallSpec, Any]:
