@@ -426,8 +426,9 @@ def register() -> None:
             DEVICE, backend_module=_DeviceModule(), hook=_Hooks(), device_guard=_Guard()
         )
         install(dispatcher)
-        # the guard library's views (C++: as the CPU makes them) and template signatures
-        # (C) where it builds here; else the fallback's, and Python's (``_guard.why_not``)
+        # the guard library's views (C++: as the CPU makes them), template signatures and
+        # new tensors (C) where it builds here; else the fallback's and Python's
+        # (``_guard.why_not`` says why)
         if _guard.load() is not None:
             _guard.native_keys(*_encoding.SIGNATURE_KEYS)
             _encoding.use_native(_guard.native_quick())

@@ -174,7 +174,7 @@ def quick_signature(
     sig: list[Any] = []
     places: list[Any] = []  # (ints)
     floats: list[float] = []
-    quick = _QUICK[0]
+    quick = _quick_way
     if not quick(args, sig, places, floats, floats_matter):
         return None
     for k, v in kwargs.items():  # (an optimizer's ``alpha=``, ``value=``)
@@ -187,7 +187,8 @@ def quick_signature(
 def use_native(quick: Callable[..., bool] | None) -> None:
     """``quick_signature`` by ``quick`` (the guard library's ``_quick`` in C: the same
     appends), or by ``_quick`` with None."""
-    _QUICK[0] = quick or _quick
+    global _quick_way
+    _quick_way = quick or _quick
 
 
 def _quick(
@@ -228,4 +229,4 @@ def _quick(
 
 
 #: ``quick_signature``'s way (``use_native``)
-_QUICK: list[Callable[..., bool]] = [_quick]
+_quick_way: Callable[..., bool] = _quick

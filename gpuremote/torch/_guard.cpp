@@ -7,9 +7,11 @@
 // (metadata only, a new TensorImpl on the same storage: as_strided, view, _reshape_alias,
 // unfold, view_as_real, view_as_complex; every other view is composed of these), which the
 // Python fallback otherwise reaches by a round trip through Python for each; and, as a Python
-// module, ``quick``: an op's arguments to their template signature (``_encoding._quick``'s
-// work, ~0.8 us a tensor in Python). Built by gpuremote/torch/_guard.py with torch's own
-// cpp_extension when the device is registered, cached per torch build and source.
+// module, two steps of an eager op's call: ``quick``, its arguments' template signature
+// (``_encoding._quick``: ~0.75 us a tensor in Python), and ``new_tensor``, a new buffer's
+// storage and tensor (``_tensors.new_tensor``: 2.6 us in Python). Built by
+// gpuremote/torch/_guard.py with torch's own cpp_extension when the device is registered,
+// cached per torch build and source.
 #include <torch/csrc/python_headers.h>
 // (Python.h first)
 #include <torch/csrc/Dtype.h>

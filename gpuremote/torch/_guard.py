@@ -12,7 +12,7 @@ loads (a thread-local current index, a device count set here) and gives a factor
 the index; it also resizes a remote storage (FSDP's ``resize_``), which PyTorch asks of a
 device's C++ hooks. Where it cannot be built (no C++ compiler or ninja,
 ``GPUREMOTE_TORCH_NATIVE=0``), ``load`` returns None and says why (``why_not``): one device,
-its views through the Python fallback.
+its views through the Python fallback, its template signatures and new tensors in Python.
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ def new_tensor(
 ) -> torch.Tensor:
     """A tensor over remote buffer ``handle`` of ``nbytes`` on device ``gpuremote:index``;
     ``release(handle, nbytes)`` frees the buffer when the storage's last view dies."""
-    native = _NATIVE[0]
+    native = _native_new
     if native is None:
         storage = new_storage(handle, nbytes, index, release)
         return tensor_on(storage, 0, sizes, strides, dtype, index)
@@ -86,10 +86,12 @@ def new_tensor(
 def use_native(new: Callable[..., tuple[torch.Tensor, Any]] | None) -> None:
     """``new_tensor`` by the guard library's ``new_tensor`` (its storage and tensor in one
     call), or by PyTorch's Python API with None."""
-    _NATIVE[0] = new
+    global _native_new
+    _native_new = new
 
 
-_NATIVE: list[Callable[..., tuple[torch.Tensor, Any]] | None] = [None]
+#: ``new_tensor``'s way where the guard library is loaded (``use_native``)
+_native_new: Callable[..., tuple[torch.Tensor, Any]] | None = None
 
 
 def new_storage(handle: int, nbytes: int, index: int, release: Callable[[int, int], None]) -> Any:
