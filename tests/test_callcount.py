@@ -129,7 +129,7 @@ def test_an_eager_pytorch_op_makes_at_most_so_many_python_calls(python_json: Pyt
                 for _ in range(640):  # the signature kept, its metadata cached
                     op()
                 conn.synchronize()
-                print(json.dumps(count_calls(op, 6400)))  # (whole batches of 64 sent)
+                print(json.dumps(count_calls(op, 6400)))  # (whole batches of 16 sent)
                 conn.synchronize()
             finally:
                 conn.close()
