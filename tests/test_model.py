@@ -208,6 +208,11 @@ def test_the_model_sends_posts_as_the_driver_policy_does() -> None:
     batch64 = PipelineConfig(post_delay_us=1e9, post_delay_max_us=1e9, post_batch_calls=64)
     got = predict([*frees63, launch, wait], 0.0, None, posts=batch64).seconds
     assert got == pytest.approx(16 * ms)  # the launch went with the wait, at 6 ms
+    # a waiting call takes the posts held: the next post starts a batch of its own (it is
+    # not sent at once as though the one taken were still held): three launches, a wait
+    # (which takes the third), two more (a pair, sent at 7 ms), a wait: 9 ms, not 8
+    twice = [*launches[:3], sync, *launches[:2], sync]
+    assert predict(twice, 0.0, None, posts=pairs).seconds == pytest.approx(9 * ms)
     # the optimisations off: every call a round trip, whatever the policy
     off = predict([*launches, sync], 0.0, None, optimized=False, posts=pairs)
     assert off.round_trips == 5

@@ -182,7 +182,7 @@ def predict(
             policy.taken()  # a waiting call takes what is held
         sent = held if batched and kind != "sync" else [*held, c]
         up = max(client, up) + wire(held_bytes + (0 if sent is held else c.bytes_out))
-        held, held_bytes = [], 0
+        held, held_bytes, n_posts = [], 0, 0  # (the next post starts a batch of its own)
         for x in sent:
             handle(x, up + half)
         if kind == "sync":
