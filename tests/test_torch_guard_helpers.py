@@ -1,7 +1,9 @@
 """The guard library's C helpers for the eager path (``gpuremote/torch/_guard.cpp``), each
 against the Python it stands for: ``quick`` (an op's template signature) gives
-``_encoding._quick``'s appends for any argument, and ``new_tensor`` makes the tensor and the
-storage ``_tensors.new_tensor``'s Python path makes, freed the same way when it dies."""
+``_encoding._quick``'s appends for any argument, ``new_tensor`` makes the tensor and the
+storage ``_tensors.new_tensor``'s Python path makes, freed the same way when it dies, and
+``call`` (an eager op's call by template, whole) posts what ``Dispatcher._by_template``
+posts, and misses where it would."""
 
 from __future__ import annotations
 
@@ -185,3 +187,144 @@ def test_native_new_tensor_refuses_a_tensor_beyond_its_storage(device: None) -> 
         native(41 << 32, 1024, (2,), (1,), torch.float32, 99)
     with pytest.raises(TypeError, match="new_tensor"):
         native(41 << 32, 1024, (2,), (1,), "float32", 0)
+
+
+def _program() -> list[torch.Tensor]:
+    """Eager ops of every kind of return the native call makes (one new tensor, an operand
+    written in place, nothing, several tensors), with floats, keywords and tensor lists;
+    each signature three times (its template is kept at its second call)."""
+    x = torch.arange(24.0, device="gpuremote").view(4, 6)
+    w = torch.ones(6, 3, device="gpuremote")
+    out: list[torch.Tensor] = []
+    for k in range(3):
+        y = x + x
+        y.add_(1.0 + k)
+        y.mul_(0.5)
+        z = (y @ w).relu()
+        values, indices = z.max(dim=0)
+        normed = torch.nn.functional.layer_norm(z, (3,))
+        soft = torch.softmax(z, dim=1)
+        fused = y.addcmul(y, y, value=0.25)
+        pair = [y.clone(), z.clone()]
+        torch._foreach_add_(pair, 1.0)
+        torch._foreach_mul_(pair, 2.0)
+        out += [y, z, values, indices, normed, soft, fused, *pair]
+    return [t.cpu() for t in out]
+
+
+def _run(native: bool) -> tuple[list[torch.Tensor], list[Any], int, int]:
+    """``_program`` on a session of its own with the native call on or off: its results,
+    what it posted (handles numbered in order of first sight), the calls the native call
+    made, and the bytes its tensors held at the end."""
+    from gpuremote.torch._backend import dispatcher
+
+    conn = gt.connect_local("numpy")
+    saved = dispatcher.native
+    made = [0]
+    if native:
+        assert saved is not None
+        call, ctx, missed = saved
+
+        def counted(*args: Any) -> Any:
+            result = call(*args)
+            made[0] += result is not missed
+            return result
+
+        dispatcher.native = (counted, ctx, missed)
+    else:
+        dispatcher.native = None
+    d = dispatcher.driver(0)
+    posted: list[Any] = []
+    numbers: dict[int, int] = {}
+    post = d.post
+
+    def recording_post(spec: Any, stream: int, args: list[Any], buffer: Any = None) -> None:
+        if spec.name == "aten_call":
+            template, places, handles, floats = args
+            posted.append(
+                (
+                    spec.name,
+                    template,
+                    [
+                        numbers.setdefault(p, len(numbers)) if i % 2 == 0 else p
+                        for i, p in enumerate(places)
+                    ],
+                    [numbers.setdefault(h, len(numbers)) for h in handles],
+                    list(floats),
+                )
+            )
+        else:
+            posted.append((spec.name,))
+        post(spec, stream, args, buffer)
+
+    d.post = recording_post  # type: ignore[method-assign]
+    d.native_calls = None
+    try:
+        results = _program()
+        gc.collect()
+        held = _tensors.memory_stats(0).allocated
+        return results, posted, made[0], held
+    finally:
+        dispatcher.native = saved
+        conn.close()
+
+
+def test_native_call_makes_what_the_python_path_makes(device: None) -> None:
+    """An eager op's call by template in C (``Dispatcher.use_native``) posts the same calls
+    as ``_by_template``, in the same order, and returns the same results; the program's
+    tensors hold the same bytes after."""
+    from gpuremote.torch._backend import dispatcher
+
+    if dispatcher.native is None:
+        pytest.skip("the guard library's call is not in use")
+    got, posted, made, held = _run(native=True)
+    want, posted_py, made_py, held_py = _run(native=False)
+    assert made > 20 and made_py == 0
+    assert posted == posted_py
+    assert held == held_py
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(a, b)
+
+
+def test_native_call_misses_what_it_does_not_make(device: None) -> None:
+    """Where the Python path would not go by template, neither does the native call: an op
+    it keeps no template for, a CPU or lazily conjugated operand, a closed session, a
+    recording, more than one device; and it refuses a malformed context."""
+    from gpuremote.torch._backend import dispatcher
+
+    if dispatcher.native is None:
+        pytest.skip("the guard library's call is not in use")
+    call, ctx, missed = dispatcher.native
+    conn = gt.connect_local("numpy")
+    try:
+        add = torch.ops.aten.add.Tensor
+        x = torch.ones(3, device="gpuremote")
+        for _ in range(3):
+            x + x  # (its template kept)
+        assert call(ctx, add, (x, x), {}) is not missed
+        assert call(ctx, torch.ops.aten.sub.Tensor, (x, x), {}) is missed  # no template yet
+        assert call(ctx, add, (x, torch.ones(3)), {}) is missed  # a CPU operand
+        z = torch.ones(3, dtype=torch.complex64, device="gpuremote")
+        for _ in range(3):
+            z + z
+        assert call(ctx, add, (z, z), {}) is not missed
+        assert call(ctx, add, (z.conj(), z), {}) is missed  # a lazy bit
+        d = dispatcher.driver(0)
+        d.recording, before = object(), d.recording
+        try:
+            assert call(ctx, add, (x, x), {}) is missed
+        finally:
+            d.recording = before
+        dispatcher.drivers[1] = d
+        try:
+            assert call(ctx, add, (x, x), {}) is missed
+        finally:
+            del dispatcher.drivers[1]
+        with pytest.raises(TypeError):
+            call(ctx[:-1], add, (x, x), {})
+        with pytest.raises(TypeError):
+            call(ctx, add, [x, x], {})
+    finally:
+        conn.close()
+    assert call(ctx, torch.ops.aten.add.Tensor, (x, x), {}) is missed  # closed

@@ -139,6 +139,9 @@ class SyncDriver:
         #: what the front end knows of its ops' outputs, by op signature, for this session
         #: (``gpuremote.torch``: meta kernels' answers and its proxy's own)
         self.metas: dict[Any, Any] = {}
+        #: what a front end's native code needs of this session, cached by the front end
+        #: (``gpuremote.torch``: its templates and the bound methods its C calls make)
+        self.native_calls: Any = None
         self._helper = threading.Thread(target=self._help, name="gpuremote-xp", daemon=True)
         self._helper.start()
         _OPEN.add(self)

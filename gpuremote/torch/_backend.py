@@ -433,6 +433,7 @@ def register() -> None:
             _guard.native_keys(*_encoding.SIGNATURE_KEYS)
             _encoding.use_native(_guard.native_quick())
             _tensors.use_native(_guard.native_new_tensor())
+            dispatcher.use_native(_guard.native_call())
         _autocast.install(*_AUTOCAST_LIBRARIES)
         torch.serialization.register_package(5, _tag, _restore)
         _patch_storage_copies()

@@ -138,6 +138,17 @@ class _Plan:
     """How to run one op (per op, from its schema): is it a view, does it depend on the
     data, and where each of its returns comes from."""
 
+    def native_entry(self) -> tuple[Any, ...]:
+        """What the guard library's ``call`` needs of this plan: (the plan, how the op
+        returns: 0 one new tensor, 1 one argument, 2 nothing, 3 otherwise; whether its
+        floats matter to its signature; that argument's position and name)."""
+        if self.one_new:
+            return (self, 0, not self.in_place, -1, "")
+        if len(self.returns) == 1 and self.returns[0] is not None:
+            pos, name = self.returns[0]
+            return (self, 1, not self.in_place, pos, name)
+        return (self, 2 if not self.returns else 3, not self.in_place, -1, "")
+
     __slots__ = (
         "cpu_indices",
         "dynamic",
@@ -264,6 +275,32 @@ class Dispatcher:
         #: diagnostic, ``GPUREMOTE_TORCH_CHECK_LAYOUTS=1``); the differences found
         self.check_layouts = os.environ.get("GPUREMOTE_TORCH_CHECK_LAYOUTS") == "1"
         self.layout_mismatches: list[tuple[str, Any, Any]] = []
+        #: (call, its context, its miss) where the guard library makes an eager op's call by
+        #: template whole, in C (``use_native``); the ops it may make so, each to its plan
+        self.native: tuple[Callable[..., Any], list[Any], object] | None = None
+        self._native_plans: dict[torch._ops.OpOverload, tuple[Any, ...]] = {}
+
+    def use_native(self, call: Callable[..., Any] | None) -> None:
+        """``run``'s first step (``_by_template``) by the guard library's ``call`` in C:
+        ``call(ctx, op, args, kwargs)`` makes the call as ``_by_template`` does, or answers
+        ``ctx[0]`` where it does not (then ``run``); None: by ``run`` alone."""
+        from . import _tensors
+
+        if call is None:
+            self.native = None
+            return
+        ctx = [
+            _MISS,
+            self._native_plans,
+            self.drivers,
+            _ATEN_CALL,
+            _tensors._LIVE,
+            _tensors._died,
+            _tensors._STATS,
+            0,
+            self._result,
+        ]
+        self.native = (call, ctx, _MISS)
 
     # -- sessions --------------------------------------------------------------------------
     def driver(self, index: int | None) -> SyncDriver:
@@ -322,6 +359,8 @@ class Dispatcher:
         plan = self._plans.get(id(op))  # (ops live as long as the process: ids are theirs)
         if plan is None:
             plan = self._plans[id(op)] = _Plan(op)
+            if not plan.view and not plan.dynamic:
+                self._native_plans[op] = plan.native_entry()
         return plan
 
     def run(self, op: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -402,6 +441,8 @@ class Dispatcher:
         d = self.drivers.get(0)
         if d is None or d.closed or d.recording is not None or len(self.drivers) > 1:
             return _MISS
+        if d.native_calls is None:  # (what the guard library's ``call`` makes calls with)
+            d.native_calls = (d.templates, d.session.new_handle, d._release, d.post)
         quick = quick_signature(args, kwargs, not plan.in_place)
         if quick is None:
             return _MISS

@@ -7,11 +7,12 @@
 // (metadata only, a new TensorImpl on the same storage: as_strided, view, _reshape_alias,
 // unfold, view_as_real, view_as_complex; every other view is composed of these), which the
 // Python fallback otherwise reaches by a round trip through Python for each; and, as a Python
-// module, two steps of an eager op's call: ``quick``, its arguments' template signature
-// (``_encoding._quick``: ~0.75 us a tensor in Python), and ``new_tensor``, a new buffer's
-// storage and tensor (``_tensors.new_tensor``: 2.6 us in Python). Built by
-// gpuremote/torch/_guard.py with torch's own cpp_extension when the device is registered,
-// cached per torch build and source.
+// module, an eager op's call by its session's template: ``quick``, its arguments' template
+// signature (``_encoding._quick``: ~0.75 us a tensor in Python), ``new_tensor``, a new
+// buffer's storage and tensor (``_tensors.new_tensor``: 2.6 us in Python), and ``call``, the
+// whole call (``Dispatcher._by_template``: signature, template, new tensors, post) from the
+// device's Python fallback. Built by gpuremote/torch/_guard.py with torch's own
+// cpp_extension (-O2) when the device is registered, cached per torch build, source and flags.
 #include <torch/csrc/python_headers.h>
 // (Python.h first)
 #include <torch/csrc/Dtype.h>
@@ -354,6 +355,260 @@ PyObject* py_new_tensor(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
 }
 
+// ``call(ctx, op, args, kwargs)``: an eager op's call by its session's template, whole, as
+// gpuremote/torch/_dispatch.py's ``Dispatcher._by_template`` makes it (``run``'s first step):
+// ``ctx[0]`` (``MISS``) where it is not such a call, and ``run`` goes its own way. ``ctx``:
+// [MISS, plans: {op: (plan, returns, floats matter, argument position, argument name)} for
+// the ops that may go so, the dispatcher's drivers, the ATen call's spec, the live storages
+// and their finalizer (``_tensors._LIVE``, ``_died``), the memory stats by index]; a driver's
+// ``native_calls``: (its templates, its session's ``new_handle``, its ``_release``, its
+// ``post``). ``returns``: 0 one new tensor, 1 an argument (position, name), 2 nothing, 3 as
+// ``ctx[8]`` (``Dispatcher._result``) says.
+enum CtxSlot { kMiss, kPlans, kDrivers, kSpec, kLive, kDied, kStats, kZero, kResult, kCtxSize };
+
+PyObject* allocated_key = nullptr;
+PyObject* peak_key = nullptr;
+PyObject* closed_key = nullptr;
+PyObject* recording_key = nullptr;
+PyObject* native_key = nullptr;
+PyObject* thirty_two = nullptr;
+
+PyObject* new_remote(PyObject* handle, PyObject* meta, PyObject* release, PyObject* live,
+                     PyObject* died, PyObject* stats, PyObject* zero) {
+  // meta: (sizes, strides, dtype, nbytes)
+  if (!PyTuple_Check(meta) && !PyList_Check(meta)) {
+    PyErr_SetString(PyExc_TypeError, "call: an output's metadata is not a sequence");
+    return nullptr;
+  }
+  PyObject* nbytes = PySequence_GetItem(meta, 3);
+  PyObject* sizes = PySequence_GetItem(meta, 0);
+  PyObject* strides = PySequence_GetItem(meta, 1);
+  PyObject* dtype = PySequence_GetItem(meta, 2);
+  PyObject* address = PyNumber_Lshift(handle, thirty_two);  // (the fake address)
+  PyObject* out = nullptr;
+  PyObject* made = nullptr;
+  if (nbytes && sizes && strides && dtype && address) {
+    PyObject* shift_args[6] = {address, nbytes, sizes, strides, dtype, zero};
+    made = py_new_tensor(nullptr, shift_args, 6);
+  }
+  if (made != nullptr) {
+    PyObject* storage = PyTuple_GET_ITEM(made, 1);
+    PyObject* ref = PyWeakref_NewRef(storage, died);
+    PyObject* entry = ref ? PyTuple_Pack(4, release, handle, nbytes, zero) : nullptr;
+    int rc = entry ? PyDict_SetItem(live, ref, entry) : -1;
+    Py_XDECREF(ref);
+    Py_XDECREF(entry);
+    if (rc == 0) {  // the stats: allocated += nbytes, peak = max(peak, allocated)
+      PyObject* was = PyObject_GetAttr(stats, allocated_key);
+      PyObject* now = was ? PyNumber_Add(was, nbytes) : nullptr;
+      Py_XDECREF(was);
+      PyObject* peak = now ? PyObject_GetAttr(stats, peak_key) : nullptr;
+      int higher = peak ? PyObject_RichCompareBool(now, peak, Py_GT) : -1;
+      if (higher >= 0 && PyObject_SetAttr(stats, allocated_key, now) == 0 &&
+          (!higher || PyObject_SetAttr(stats, peak_key, now) == 0)) {
+        out = PyTuple_GET_ITEM(made, 0);
+        Py_INCREF(out);
+      }
+      Py_XDECREF(now);
+      Py_XDECREF(peak);
+    }
+    Py_DECREF(made);
+  }
+  Py_XDECREF(nbytes);
+  Py_XDECREF(sizes);
+  Py_XDECREF(strides);
+  Py_XDECREF(dtype);
+  Py_XDECREF(address);
+  return out;
+}
+
+// a new reference to ctx[kMiss]
+PyObject* miss(PyObject* ctx) {
+  PyObject* m = PyList_GET_ITEM(ctx, kMiss);
+  Py_INCREF(m);
+  return m;
+}
+
+PyObject* py_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 4 || !PyList_CheckExact(args[0]) || PyList_GET_SIZE(args[0]) != kCtxSize ||
+      !PyTuple_CheckExact(args[2]) || !PyDict_CheckExact(args[3]) || nan_key == nullptr) {
+    PyErr_SetString(PyExc_TypeError, "call(ctx: list, op, args: tuple, kwargs: dict)");
+    return nullptr;
+  }
+  PyObject* ctx = args[0];
+  PyObject* kwargs = args[3];
+  PyObject* entry = PyDict_GetItemWithError(PyList_GET_ITEM(ctx, kPlans), args[1]);
+  if (entry == nullptr) return PyErr_Occurred() ? nullptr : miss(ctx);
+  PyObject* drivers = PyList_GET_ITEM(ctx, kDrivers);
+  if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 5 || !PyDict_CheckExact(drivers) ||
+      PyDict_GET_SIZE(drivers) != 1)
+    return miss(ctx);
+  PyObject* d = PyDict_GetItemWithError(drivers, PyList_GET_ITEM(ctx, kZero));
+  if (d == nullptr) return PyErr_Occurred() ? nullptr : miss(ctx);
+  PyObject* stats =
+      PyDict_GetItemWithError(PyList_GET_ITEM(ctx, kStats), PyList_GET_ITEM(ctx, kZero));
+  if (stats == nullptr) return PyErr_Occurred() ? nullptr : miss(ctx);
+  // the driver: open, recording nothing, its bound methods cached
+  PyObject* native = PyObject_GetAttr(d, native_key);
+  if (native == nullptr) return nullptr;
+  PyObject* closed = PyObject_GetAttr(d, closed_key);
+  PyObject* recording = closed ? PyObject_GetAttr(d, recording_key) : nullptr;
+  const bool usable = recording != nullptr && closed == Py_False && recording == Py_None &&
+                      PyTuple_CheckExact(native) && PyTuple_GET_SIZE(native) == 4;
+  Py_XDECREF(closed);
+  Py_XDECREF(recording);
+  if (!usable) {
+    Py_DECREF(native);
+    return PyErr_Occurred() ? nullptr : miss(ctx);
+  }
+  PyObject* plan = PyTuple_GET_ITEM(entry, 0);
+  const long returns = PyLong_AsLong(PyTuple_GET_ITEM(entry, 1));
+  const bool matter = PyTuple_GET_ITEM(entry, 2) == Py_True;
+  PyObject* result = nullptr;
+  PyObject* sig = PyList_New(0);
+  PyObject* places = PyList_New(0);
+  PyObject* floats = PyList_New(0);
+  PyObject* outputs = nullptr;
+  PyObject* handles = nullptr;
+  PyObject* key = nullptr;
+  int rc = (sig && places && floats) ? 1 : -1;
+  try {
+    if (rc == 1) rc = quick_values(args[2], sig, places, floats, matter);
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (rc == 1 && PyDict_Next(kwargs, &pos, &k, &v)) {  // (as ``quick_signature``)
+      if (PyList_Append(sig, k) < 0) {
+        rc = -1;
+        break;
+      }
+      PyObject* one = PyTuple_Pack(1, v);
+      rc = one ? quick_values(one, sig, places, floats, matter) : -1;
+      Py_XDECREF(one);
+    }
+    PyObject* kept = nullptr;
+    if (rc == 1) {
+      PyObject* sig_tuple = PyList_AsTuple(sig);
+      key = sig_tuple ? PyTuple_Pack(2, plan, sig_tuple) : nullptr;
+      Py_XDECREF(sig_tuple);
+      kept = key ? PyDict_GetItemWithError(PyTuple_GET_ITEM(native, 0), key) : nullptr;
+      if (kept == nullptr) rc = (key == nullptr || PyErr_Occurred()) ? -1 : 0;
+    }
+    // kept: (template, (news, resized, counts))
+    PyObject* news = nullptr;
+    PyObject* counts = nullptr;
+    if (rc == 1) {
+      PyObject* metas = PyTuple_Check(kept) && PyTuple_GET_SIZE(kept) == 2
+                            ? PyTuple_GET_ITEM(kept, 1) : nullptr;
+      if (metas == nullptr || !PyTuple_Check(metas) || PyTuple_GET_SIZE(metas) != 3) {
+        rc = 0;
+      } else {
+        news = PyTuple_GET_ITEM(metas, 0);
+        counts = PyTuple_GET_ITEM(metas, 2);
+        if (!PyList_Check(news) && !PyTuple_Check(news)) rc = 0;
+      }
+    }
+    if (rc == 1) {  // the outputs, each a new buffer's tensor
+      const Py_ssize_t n = PySequence_Size(news);
+      outputs = PyList_New(0);
+      handles = PyList_New(0);
+      if (outputs == nullptr || handles == nullptr) rc = -1;
+      for (Py_ssize_t i = 0; rc == 1 && i < n; ++i) {
+        PyObject* meta = PySequence_GetItem(news, i);
+        if (meta == nullptr) {
+          rc = -1;
+        } else if (meta == Py_None) {
+          rc = PyList_Append(outputs, Py_None) < 0 ? -1 : 1;
+        } else {
+          PyObject* handle = PyObject_CallNoArgs(PyTuple_GET_ITEM(native, 1));
+          PyObject* t = handle ? new_remote(handle, meta, PyTuple_GET_ITEM(native, 2),
+                                            PyList_GET_ITEM(ctx, kLive),
+                                            PyList_GET_ITEM(ctx, kDied), stats,
+                                            PyList_GET_ITEM(ctx, kZero))
+                               : nullptr;
+          rc = (t && PyList_Append(outputs, t) == 0 && PyList_Append(handles, handle) == 0)
+                   ? 1 : -1;
+          Py_XDECREF(t);
+          Py_XDECREF(handle);
+        }
+        Py_XDECREF(meta);
+      }
+    }
+    if (rc == 1) {  // posted: [template, places, handles, floats]
+      PyObject* call_args = PyList_New(4);
+      if (call_args == nullptr) {
+        rc = -1;
+      } else {
+        PyObject* template_ = PyTuple_GET_ITEM(kept, 0);
+        Py_INCREF(template_);
+        Py_INCREF(places);
+        Py_INCREF(handles);
+        Py_INCREF(floats);
+        PyList_SET_ITEM(call_args, 0, template_);
+        PyList_SET_ITEM(call_args, 1, places);
+        PyList_SET_ITEM(call_args, 2, handles);
+        PyList_SET_ITEM(call_args, 3, floats);
+        PyObject* post_args[3] = {PyList_GET_ITEM(ctx, kSpec), PyList_GET_ITEM(ctx, kZero),
+                                  call_args};
+        PyObject* posted = PyObject_Vectorcall(PyTuple_GET_ITEM(native, 3), post_args, 3,
+                                               nullptr);
+        Py_DECREF(call_args);
+        if (posted == nullptr) rc = -1;
+        Py_XDECREF(posted);
+      }
+    }
+    if (rc == 1) {  // the op's result
+      const bool one = PyList_Check(counts) && PyList_GET_SIZE(counts) == 1 &&
+                       PyLong_Check(PyList_GET_ITEM(counts, 0)) &&
+                       PyLong_AsLong(PyList_GET_ITEM(counts, 0)) == -1 &&
+                       PyList_GET_SIZE(outputs) == 1;
+      if (returns == 0 && one) {
+        result = PyList_GET_ITEM(outputs, 0);
+        Py_INCREF(result);
+      } else if (returns == 1) {
+        const Py_ssize_t at = PyLong_AsSsize_t(PyTuple_GET_ITEM(entry, 3));
+        if (at >= 0 && at < PyTuple_GET_SIZE(args[2])) {
+          result = PyTuple_GET_ITEM(args[2], at);
+          Py_INCREF(result);
+        } else {
+          result = PyDict_GetItemWithError(kwargs, PyTuple_GET_ITEM(entry, 4));
+          if (result != nullptr) {
+            Py_INCREF(result);
+          } else if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_KeyError, "call: the returned argument is missing");
+          }
+        }
+      } else if (returns == 2) {
+        result = Py_None;
+        Py_INCREF(result);
+      } else {
+        PyObject* it = PyObject_GetIter(outputs);
+        PyObject* result_args[5] = {plan, args[2], kwargs, it, counts};
+        result = it ? PyObject_Vectorcall(PyList_GET_ITEM(ctx, kResult), result_args, 5,
+                                          nullptr)
+                    : nullptr;
+        Py_XDECREF(it);
+      }
+      if (result == nullptr) rc = -1;
+    }
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    rc = -1;
+  }
+  Py_DECREF(native);
+  Py_XDECREF(sig);
+  Py_XDECREF(places);
+  Py_XDECREF(floats);
+  Py_XDECREF(outputs);
+  Py_XDECREF(handles);
+  Py_XDECREF(key);
+  if (rc < 0) {
+    Py_XDECREF(result);
+    return nullptr;
+  }
+  if (rc == 0) return miss(ctx);
+  return result;
+}
+
 PyObject* py_keys(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 3) {
     PyErr_SetString(PyExc_TypeError, "keys(nan_key, true_key, false_key)");
@@ -371,6 +626,8 @@ PyMethodDef methods[] = {
      METH_FASTCALL, "An op's arguments to their template signature (see _encoding._quick)."},
     {"new_tensor", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_new_tensor)),
      METH_FASTCALL, "A remote buffer's storage and a tensor over it (see _tensors.new_tensor)."},
+    {"call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_call)),
+     METH_FASTCALL, "An eager op's call by its session's template (see Dispatcher.run)."},
     {"keys", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_keys)),
      METH_FASTCALL, "The signature's keys for NaN, True and False."},
     {nullptr, nullptr, 0, nullptr}};
@@ -383,6 +640,15 @@ PyModuleDef module = {PyModuleDef_HEAD_INIT, "gpuremote_guard", nullptr, -1, met
 PyMODINIT_FUNC PyInit_gpuremote_guard() {
   open_key = PyUnicode_InternFromString("[");
   close_key = PyUnicode_InternFromString("]");
-  if (open_key == nullptr || close_key == nullptr) return nullptr;
+  allocated_key = PyUnicode_InternFromString("allocated");
+  peak_key = PyUnicode_InternFromString("peak");
+  closed_key = PyUnicode_InternFromString("closed");
+  recording_key = PyUnicode_InternFromString("recording");
+  native_key = PyUnicode_InternFromString("native_calls");
+  thirty_two = PyLong_FromLong(32);
+  if (open_key == nullptr || close_key == nullptr || allocated_key == nullptr ||
+      peak_key == nullptr || closed_key == nullptr || recording_key == nullptr ||
+      native_key == nullptr || thirty_two == nullptr)
+    return nullptr;
   return PyModule_Create(&module);
 }

@@ -49,9 +49,14 @@ _module: Any = None  # (the library as a Python module: ``native_quick``)
 _why = ""
 
 
+#: the library's compiler flags (``cpp_extension.load`` adds no optimisation flag: -O0, every
+#: inline helper of Python's and torch's headers a call of its own)
+_CFLAGS = ["-O2"]
+
+
 def _build_dir() -> Path:
     root = Path(os.environ.get("GPUREMOTE_CACHE") or Path.home() / ".cache" / "gpuremote")
-    digest = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
+    digest = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_CFLAGS).encode()).hexdigest()[:12]
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     py = f"{sys.version_info[0]}{sys.version_info[1]}"
     return root / "torch" / f"guard-{torch.__version__}-abi{abi}-py{py}-{digest}"
@@ -80,6 +85,7 @@ def load() -> Any:
                 sources=[str(_SOURCE)],
                 build_directory=str(build),
                 is_python_module=True,
+                extra_cflags=_CFLAGS,
                 verbose=False,
             )
         except Exception as exc:  # (no compiler, no ninja, torch's headers missing)
@@ -103,6 +109,12 @@ def native_new_tensor() -> Any:
     """The library's ``new_tensor(address, nbytes, sizes, strides, dtype, index)`` ->
     (tensor, storage), or None where the library is not loaded."""
     return _module.new_tensor if _module is not None else None
+
+
+def native_call() -> Any:
+    """The library's ``call(ctx, op, args, kwargs)`` (``Dispatcher.use_native``: an eager
+    op's call by template, whole, in C), or None where the library is not loaded."""
+    return _module.call if _module is not None else None
 
 
 def native_keys(nan: Any, true: Any, false: Any) -> None:

@@ -191,6 +191,11 @@ def install(dispatcher: Dispatcher) -> None:
     lib.impl("resize_", resize_, "PrivateUse1")
 
     def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
+        native = dispatcher.native  # (the call by template in C, where it is made so)
+        if native is not None:
+            made = native[0](native[1], op, args, kwargs)
+            if made is not native[2]:
+                return made
         return dispatcher.run(op, args, kwargs)
 
     for name in _with_cpu_kernels():
@@ -293,6 +298,11 @@ def _foreach_ops() -> list[str]:
 
 def _kernel(dispatcher: Dispatcher, op: torch._ops.OpOverload) -> Callable[..., Any]:
     def kernel(*args: Any, **kwargs: Any) -> Any:
+        native = dispatcher.native  # (as ``fallback``)
+        if native is not None:
+            made = native[0](native[1], op, args, kwargs)
+            if made is not native[2]:
+                return made
         return dispatcher.run(op, args, kwargs)
 
     return kernel
