@@ -60,6 +60,8 @@ _SCALARS = st.one_of(
     st.booleans(),
     st.sampled_from(["mean", "", "[", "]"]),
     st.sampled_from([torch.float32, torch.int8, torch.bool]),
+    st.sampled_from([torch.contiguous_format, torch.channels_last, torch.preserve_format]),
+    st.sampled_from([torch.strided, torch.sparse_coo]),
     st.sampled_from([1 + 2j, torch.device("cpu"), object(), b"x", torch.strided]),
 )
 

@@ -168,9 +168,9 @@ def quick_signature(
 ) -> tuple[list[Any], list[Any], list[float]] | None:
     """``Encoder``'s signature, places and floats of ``args`` and ``kwargs`` (as
     ``Encoder.keywords`` has them), without their wire form (an op kept by template sends
-    only those), where each argument is a number, None, a string, a dtype, a tensor on this
-    device (no lazy conj or neg bits) or a list of those; None for anything else
-    (``Encoder`` then: it uploads CPU scalars, says what is wrong)."""
+    only those), where each argument is a number, None, a string, a dtype, a memory format,
+    a layout, a tensor on this device (no lazy conj or neg bits) or a list of those; None for
+    anything else (``Encoder`` then: it uploads CPU scalars, says what is wrong)."""
     sig: list[Any] = []
     places: list[Any] = []  # (ints)
     floats: list[float] = []
@@ -221,7 +221,7 @@ def _quick(
             if not _quick(a, sig, places, floats, matter):
                 return False
             append("]")
-        elif t is torch.dtype:
+        elif t is torch.dtype or t is torch.memory_format or t is torch.layout:
             append(a)
         else:
             return False

@@ -16,6 +16,8 @@
 #include <torch/csrc/python_headers.h>
 // (Python.h first)
 #include <torch/csrc/Dtype.h>
+#include <torch/csrc/Layout.h>
+#include <torch/csrc/MemoryFormat.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Storage.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -153,7 +155,8 @@ TORCH_LIBRARY(gpuremote_guard, m) {
 }
 
 // ``quick(values, sig, places, floats, matter) -> bool``: gpuremote/torch/_encoding.py's
-// ``_quick``, the same appends in the same order, in C: numbers, None, strings, dtypes, tensors
+// ``_quick``, the same appends in the same order, in C: numbers, None, strings, dtypes, memory
+// formats, layouts, tensors
 // on this device (index 0, no lazy conj or neg bit) and lists or tuples of those; False at
 // anything else (the caller then encodes the op whole). A tensor is its storage's handle
 // (the fake address >> 32) and offset in bytes into ``places`` and (sizes, strides, dtype)
@@ -230,7 +233,8 @@ int quick_values(PyObject* values, PyObject* sig, PyObject* places, PyObject* fl
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* a = items[i];
     int rc = 1;
-    if (a == Py_None || PyLong_CheckExact(a) || PyUnicode_CheckExact(a) || THPDtype_Check(a)) {
+    if (a == Py_None || PyLong_CheckExact(a) || PyUnicode_CheckExact(a) || THPDtype_Check(a) ||
+        THPMemoryFormat_Check(a) || THPLayout_Check(a)) {
       rc = PyList_Append(sig, a) < 0 ? -1 : 1;
     } else if (PyFloat_CheckExact(a)) {
       const double v = PyFloat_AS_DOUBLE(a);

@@ -31,9 +31,12 @@ def install(dispatcher: Dispatcher) -> None:
         pin_memory: bool | None = None,
         memory_format: torch.memory_format | None = None,
     ) -> torch.Tensor:
-        fmt = memory_format or torch.contiguous_format
-        strides = torch.empty(size, device="meta", memory_format=fmt).stride()
-        return dispatcher.empty(list(size), list(strides), dtype, device)
+        sizes = list(size)
+        if memory_format is None or memory_format is torch.contiguous_format:
+            strides = contiguous_strides(sizes)  # (as the meta tensor below has them: 3 µs)
+        else:
+            strides = list(torch.empty(size, device="meta", memory_format=memory_format).stride())
+        return dispatcher.empty(sizes, strides, dtype, device)
 
     def empty_strided(
         size: Any,
@@ -64,7 +67,7 @@ def install(dispatcher: Dispatcher) -> None:
     aten = torch.ops.aten
 
     def convolution(*args: Any) -> Any:  # ATen's entry for devices it does not know
-        return dispatcher.run(aten.convolution.default, args, {})
+        return _call(dispatcher, aten.convolution.default, args, {})
 
     def convolution_backward(
         grad_output: torch.Tensor,
@@ -75,7 +78,8 @@ def install(dispatcher: Dispatcher) -> None:
         *conv, output_mask = rest  # stride, padding, dilation, transposed, out padding, groups
         # the bias has one value per output channel: a transposed weight is (in, out / groups)
         bias_sizes = [weight.shape[1] * conv[5] if conv[3] else weight.shape[0]]
-        return dispatcher.run(
+        return _call(
+            dispatcher,
             aten.convolution_backward.default,
             (grad_output, input, weight, bias_sizes, *conv, output_mask),
             {},
@@ -203,6 +207,20 @@ def install(dispatcher: Dispatcher) -> None:
         op = getattr(getattr(aten, packet), overload or "default")
         lib.impl(name, _kernel(dispatcher, op), "PrivateUse1")
 
+    # ``clone`` (composite: an empty tensor, made by Python, and a copy into it; every
+    # ``contiguous()`` of a non-contiguous view, 84 a GPT-2 training step) as one call
+    whole_clone = _kernel(dispatcher, aten.clone.default)
+
+    def clone(self: torch.Tensor, *, memory_format: torch.memory_format | None = None) -> Any:
+        if self.is_conj() or self.is_neg():  # (the copy resolves the bits: ATen's composite)
+            fmt = memory_format or torch.preserve_format
+            return torch.empty_like(self, memory_format=fmt).copy_(self)
+        if memory_format is None:
+            return whole_clone(self)
+        return whole_clone(self, memory_format=memory_format)
+
+    lib.impl("clone", clone, "PrivateUse1")
+
     fb = torch.library.Library("_", "IMPL")
     _LIBRARIES.append(fb)
     fb.fallback(fallback, dispatch_key="PrivateUse1", with_keyset=False)
@@ -294,6 +312,18 @@ def _foreach_ops() -> list[str]:
         and has(full, "CompositeExplicitAutograd")
         and not has(full, "CPU")
     ]
+
+
+def _call(
+    dispatcher: Dispatcher, op: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """``op``'s call: by template in C where the guard library makes it so, else ``run``."""
+    native = dispatcher.native
+    if native is not None:
+        made = native[0](native[1], op, args, kwargs)
+        if made is not native[2]:
+            return made
+    return dispatcher.run(op, args, kwargs)
 
 
 def _kernel(dispatcher: Dispatcher, op: torch._ops.OpOverload) -> Callable[..., Any]:
