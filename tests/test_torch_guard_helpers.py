@@ -216,8 +216,8 @@ def _program() -> list[torch.Tensor]:
 
 def _run(native: bool) -> tuple[list[torch.Tensor], list[Any], int, int]:
     """``_program`` on a session of its own with the native call on or off: its results,
-    what it posted (handles numbered in order of first sight), the calls the native call
-    made, and the bytes its tensors held at the end."""
+    what its session was handed to send (handles numbered in order of first sight), the
+    calls the native call made, and the bytes its tensors held at the end."""
     from gpuremote.torch._backend import dispatcher
 
     conn = gt.connect_local("numpy")
@@ -238,9 +238,11 @@ def _run(native: bool) -> tuple[list[torch.Tensor], list[Any], int, int]:
     d = dispatcher.driver(0)
     posted: list[Any] = []
     numbers: dict[int, int] = {}
-    post = d.post
+    submit = d.session.submit
 
-    def recording_post(spec: Any, stream: int, args: list[Any], buffer: Any = None) -> None:
+    def recording_submit(
+        spec: Any, stream: int, args: list[Any], buffer: Any = None, **options: Any
+    ) -> None:
         if spec.name == "aten_call":
             template, places, handles, floats = args
             posted.append(
@@ -257,9 +259,9 @@ def _run(native: bool) -> tuple[list[torch.Tensor], list[Any], int, int]:
             )
         else:
             posted.append((spec.name,))
-        post(spec, stream, args, buffer)
+        submit(spec, stream, args, buffer, **options)
 
-    d.post = recording_post  # type: ignore[method-assign]
+    d.session.submit = recording_submit  # type: ignore[method-assign]
     d.native_calls = None
     try:
         results = _program()

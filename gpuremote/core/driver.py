@@ -295,6 +295,16 @@ class SyncDriver:
             self._woken = True
             self._wake.set()
 
+    def _posted_more(self, n: int, due: bool) -> None:
+        """``post``'s end, for a caller that appended its post itself (``gpuremote.torch``'s
+        native call): ``n`` posts held, ``due`` by the batching policy (as ``post``, which
+        keeps its own lines: the hot path of every post)."""
+        if due and self._send_here():
+            self._policy.sent_posts(n)
+        elif (due or self._dozing) and not self._woken:
+            self._woken = True
+            self._wake.set()
+
     def send_replay(self) -> None:
         """What is posted, a compiled graph's replay last, goes now from this thread where
         the policy says so (``replays_at_once``): the proxy runs the graph while this

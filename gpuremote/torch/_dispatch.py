@@ -442,7 +442,14 @@ class Dispatcher:
         if d is None or d.closed or d.recording is not None or len(self.drivers) > 1:
             return _MISS
         if d.native_calls is None:  # (what the guard library's ``call`` makes calls with)
-            d.native_calls = (d.templates, d.session.new_handle, d._release, d.post)
+            d.native_calls = (
+                d.templates,
+                d.session.new_handle,
+                d._release,
+                d._posted,
+                d._policy,
+                d._posted_more,
+            )
         quick = quick_signature(args, kwargs, not plan.in_place)
         if quick is None:
             return _MISS

@@ -35,6 +35,7 @@
 #include <torch/library.h>
 
 #include <atomic>
+#include <ctime>
 
 namespace {
 
@@ -366,7 +367,7 @@ PyObject* py_new_tensor(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 // the ops that may go so, the dispatcher's drivers, the ATen call's spec, the live storages
 // and their finalizer (``_tensors._LIVE``, ``_died``), the memory stats by index]; a driver's
 // ``native_calls``: (its templates, its session's ``new_handle``, its ``_release``, its
-// ``post``). ``returns``: 0 one new tensor, 1 an argument (position, name), 2 nothing, 3 as
+// posts, its batching policy, its ``_posted_more``). ``returns``: 0 one new tensor, 1 an argument (position, name), 2 nothing, 3 as
 // ``ctx[8]`` (``Dispatcher._result``) says.
 enum CtxSlot { kMiss, kPlans, kDrivers, kSpec, kLive, kDied, kStats, kZero, kResult, kCtxSize };
 
@@ -376,6 +377,13 @@ PyObject* closed_key = nullptr;
 PyObject* recording_key = nullptr;
 PyObject* native_key = nullptr;
 PyObject* thirty_two = nullptr;
+PyObject* direct_key = nullptr;
+PyObject* first_post_key = nullptr;
+PyObject* append_key = nullptr;
+PyObject* post_batch_key = nullptr;
+PyObject* delay_key = nullptr;
+PyObject* dozing_key = nullptr;
+PyObject* woken_key = nullptr;
 
 PyObject* new_remote(PyObject* handle, PyObject* meta, PyObject* release, PyObject* live,
                      PyObject* died, PyObject* stats, PyObject* zero) {
@@ -426,6 +434,64 @@ PyObject* new_remote(PyObject* handle, PyObject* meta, PyObject* release, PyObje
   return out;
 }
 
+double perf_counter() {  // (time.perf_counter's clock)
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+// ``SyncDriver.post`` of (spec, 0, call_args), for a driver that records nothing and does
+// not run calls where they are made (checked by the caller): appended to its posts, their
+// age and count against its batching policy; what follows where they are due (or the
+// helper dozes) is the driver's ``_posted_more``. 1, or -1 with a Python error set.
+int post(PyObject* d, PyObject* native, PyObject* spec, PyObject* zero, PyObject* call_args) {
+  PyObject* posted = PyTuple_GET_ITEM(native, 3);
+  PyObject* policy = PyTuple_GET_ITEM(native, 4);
+  const Py_ssize_t before = PyObject_Size(posted);
+  if (before < 0) return -1;
+  const double now = perf_counter();
+  if (before == 0) {
+    PyObject* first = PyFloat_FromDouble(now);
+    const int set = first ? PyObject_SetAttr(d, first_post_key, first) : -1;
+    Py_XDECREF(first);
+    if (set < 0) return -1;
+  }
+  PyObject* item = PyTuple_Pack(4, spec, zero, call_args, Py_None);
+  PyObject* appended = item ? PyObject_CallMethodOneArg(posted, append_key, item) : nullptr;
+  Py_XDECREF(item);
+  if (appended == nullptr) return -1;
+  Py_DECREF(appended);
+  const Py_ssize_t n = before + 1;
+  PyObject* batch = PyObject_GetAttr(policy, post_batch_key);
+  PyObject* delay = batch ? PyObject_GetAttr(policy, delay_key) : nullptr;
+  PyObject* first = delay ? PyObject_GetAttr(d, first_post_key) : nullptr;
+  PyObject* dozing = first ? PyObject_GetAttr(d, dozing_key) : nullptr;
+  PyObject* woken = dozing ? PyObject_GetAttr(d, woken_key) : nullptr;
+  int rc = woken ? 1 : -1;
+  if (rc == 1) {
+    const long long most = PyLong_AsLongLong(batch);
+    const double wait_s = PyFloat_AsDouble(delay);
+    const double oldest = PyFloat_AsDouble(first);
+    if (PyErr_Occurred()) {
+      rc = -1;
+    } else {
+      const bool due = n >= most || now - oldest >= wait_s;
+      if (due || (dozing == Py_True && woken == Py_False)) {
+        PyObject* more = PyObject_CallFunction(PyTuple_GET_ITEM(native, 5), "nO", n,
+                                               due ? Py_True : Py_False);
+        if (more == nullptr) rc = -1;
+        Py_XDECREF(more);
+      }
+    }
+  }
+  Py_XDECREF(batch);
+  Py_XDECREF(delay);
+  Py_XDECREF(first);
+  Py_XDECREF(dozing);
+  Py_XDECREF(woken);
+  return rc;
+}
+
 // a new reference to ctx[kMiss]
 PyObject* miss(PyObject* ctx) {
   PyObject* m = PyList_GET_ITEM(ctx, kMiss);
@@ -457,10 +523,13 @@ PyObject* py_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (native == nullptr) return nullptr;
   PyObject* closed = PyObject_GetAttr(d, closed_key);
   PyObject* recording = closed ? PyObject_GetAttr(d, recording_key) : nullptr;
-  const bool usable = recording != nullptr && closed == Py_False && recording == Py_None &&
-                      PyTuple_CheckExact(native) && PyTuple_GET_SIZE(native) == 4;
+  PyObject* direct = recording ? PyObject_GetAttr(d, direct_key) : nullptr;
+  const bool usable = direct != nullptr && closed == Py_False && recording == Py_None &&
+                      direct == Py_False && PyTuple_CheckExact(native) &&
+                      PyTuple_GET_SIZE(native) == 6;
   Py_XDECREF(closed);
   Py_XDECREF(recording);
+  Py_XDECREF(direct);
   if (!usable) {
     Py_DECREF(native);
     return PyErr_Occurred() ? nullptr : miss(ctx);
@@ -551,13 +620,9 @@ PyObject* py_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         PyList_SET_ITEM(call_args, 1, places);
         PyList_SET_ITEM(call_args, 2, handles);
         PyList_SET_ITEM(call_args, 3, floats);
-        PyObject* post_args[3] = {PyList_GET_ITEM(ctx, kSpec), PyList_GET_ITEM(ctx, kZero),
-                                  call_args};
-        PyObject* posted = PyObject_Vectorcall(PyTuple_GET_ITEM(native, 3), post_args, 3,
-                                               nullptr);
+        rc = post(d, native, PyList_GET_ITEM(ctx, kSpec), PyList_GET_ITEM(ctx, kZero),
+                  call_args);
         Py_DECREF(call_args);
-        if (posted == nullptr) rc = -1;
-        Py_XDECREF(posted);
       }
     }
     if (rc == 1) {  // the op's result
@@ -650,9 +715,18 @@ PyMODINIT_FUNC PyInit_gpuremote_guard() {
   recording_key = PyUnicode_InternFromString("recording");
   native_key = PyUnicode_InternFromString("native_calls");
   thirty_two = PyLong_FromLong(32);
+  direct_key = PyUnicode_InternFromString("direct");
+  first_post_key = PyUnicode_InternFromString("_first_post");
+  append_key = PyUnicode_InternFromString("append");
+  post_batch_key = PyUnicode_InternFromString("post_batch");
+  delay_key = PyUnicode_InternFromString("delay_s");
+  dozing_key = PyUnicode_InternFromString("_dozing");
+  woken_key = PyUnicode_InternFromString("_woken");
   if (open_key == nullptr || close_key == nullptr || allocated_key == nullptr ||
       peak_key == nullptr || closed_key == nullptr || recording_key == nullptr ||
-      native_key == nullptr || thirty_two == nullptr)
+      native_key == nullptr || thirty_two == nullptr || direct_key == nullptr ||
+      first_post_key == nullptr || append_key == nullptr || post_batch_key == nullptr ||
+      delay_key == nullptr || dozing_key == nullptr || woken_key == nullptr)
     return nullptr;
   return PyModule_Create(&module);
 }
