@@ -367,23 +367,23 @@ PyObject* py_new_tensor(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 // the ops that may go so, the dispatcher's drivers, the ATen call's spec, the live storages
 // and their finalizer (``_tensors._LIVE``, ``_died``), the memory stats by index]; a driver's
 // ``native_calls``: (its templates, its session's ``new_handle``, its ``_release``, its
-// posts, its batching policy, its ``_posted_more``). ``returns``: 0 one new tensor, 1 an argument (position, name), 2 nothing, 3 as
-// ``ctx[8]`` (``Dispatcher._result``) says.
+// posts, its batching policy, its ``_posted_more``). ``returns``: 0 one new tensor, 1 an
+// argument (position, name), 2 nothing, 3 as ``ctx[8]`` (``Dispatcher._result``) says.
 enum CtxSlot { kMiss, kPlans, kDrivers, kSpec, kLive, kDied, kStats, kZero, kResult, kCtxSize };
 
-PyObject* allocated_key = nullptr;
-PyObject* peak_key = nullptr;
-PyObject* closed_key = nullptr;
-PyObject* recording_key = nullptr;
-PyObject* native_key = nullptr;
+// the attribute names ``call`` reads, interned once (``PyInit_gpuremote_guard``)
+PyObject *allocated_key, *peak_key, *closed_key, *recording_key, *native_key, *direct_key,
+    *first_post_key, *append_key, *post_batch_key, *delay_key, *dozing_key, *woken_key;
+const struct {
+  PyObject** key;
+  const char* name;
+} kNames[] = {{&allocated_key, "allocated"},   {&peak_key, "peak"},
+              {&closed_key, "closed"},         {&recording_key, "recording"},
+              {&native_key, "native_calls"},   {&direct_key, "direct"},
+              {&first_post_key, "_first_post"}, {&append_key, "append"},
+              {&post_batch_key, "post_batch"}, {&delay_key, "delay_s"},
+              {&dozing_key, "_dozing"},        {&woken_key, "_woken"}};
 PyObject* thirty_two = nullptr;
-PyObject* direct_key = nullptr;
-PyObject* first_post_key = nullptr;
-PyObject* append_key = nullptr;
-PyObject* post_batch_key = nullptr;
-PyObject* delay_key = nullptr;
-PyObject* dozing_key = nullptr;
-PyObject* woken_key = nullptr;
 
 PyObject* new_remote(PyObject* handle, PyObject* meta, PyObject* release, PyObject* live,
                      PyObject* died, PyObject* stats, PyObject* zero) {
@@ -709,24 +709,11 @@ PyModuleDef module = {PyModuleDef_HEAD_INIT, "gpuremote_guard", nullptr, -1, met
 PyMODINIT_FUNC PyInit_gpuremote_guard() {
   open_key = PyUnicode_InternFromString("[");
   close_key = PyUnicode_InternFromString("]");
-  allocated_key = PyUnicode_InternFromString("allocated");
-  peak_key = PyUnicode_InternFromString("peak");
-  closed_key = PyUnicode_InternFromString("closed");
-  recording_key = PyUnicode_InternFromString("recording");
-  native_key = PyUnicode_InternFromString("native_calls");
+  for (const auto& name : kNames) {
+    *name.key = PyUnicode_InternFromString(name.name);
+    if (*name.key == nullptr) return nullptr;
+  }
   thirty_two = PyLong_FromLong(32);
-  direct_key = PyUnicode_InternFromString("direct");
-  first_post_key = PyUnicode_InternFromString("_first_post");
-  append_key = PyUnicode_InternFromString("append");
-  post_batch_key = PyUnicode_InternFromString("post_batch");
-  delay_key = PyUnicode_InternFromString("delay_s");
-  dozing_key = PyUnicode_InternFromString("_dozing");
-  woken_key = PyUnicode_InternFromString("_woken");
-  if (open_key == nullptr || close_key == nullptr || allocated_key == nullptr ||
-      peak_key == nullptr || closed_key == nullptr || recording_key == nullptr ||
-      native_key == nullptr || thirty_two == nullptr || direct_key == nullptr ||
-      first_post_key == nullptr || append_key == nullptr || post_batch_key == nullptr ||
-      delay_key == nullptr || dozing_key == nullptr || woken_key == nullptr)
-    return nullptr;
+  if (open_key == nullptr || close_key == nullptr || thirty_two == nullptr) return nullptr;
   return PyModule_Create(&module);
 }
