@@ -138,17 +138,6 @@ class _Plan:
     """How to run one op (per op, from its schema): is it a view, does it depend on the
     data, and where each of its returns comes from."""
 
-    def native_entry(self) -> tuple[Any, ...]:
-        """What the guard library's ``call`` needs of this plan: (the plan, how the op
-        returns: 0 one new tensor, 1 one argument, 2 nothing, 3 otherwise; whether its
-        floats matter to its signature; that argument's position and name)."""
-        if self.one_new:
-            return (self, 0, not self.in_place, -1, "")
-        if len(self.returns) == 1 and self.returns[0] is not None:
-            pos, name = self.returns[0]
-            return (self, 1, not self.in_place, pos, name)
-        return (self, 2 if not self.returns else 3, not self.in_place, -1, "")
-
     __slots__ = (
         "cpu_indices",
         "dynamic",
@@ -208,6 +197,17 @@ class _Plan:
         self.in_place = all(
             source is not None and not schema.arguments[source[0]].is_out for source in self.returns
         ) and any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+
+    def native_entry(self) -> tuple[Any, ...]:
+        """What the guard library's ``call`` needs of this plan: (the plan, how the op
+        returns: 0 one new tensor, 1 one argument, 2 nothing, 3 otherwise; whether its
+        floats matter to its signature; that argument's position and name)."""
+        if self.one_new:
+            return (self, 0, not self.in_place, -1, "")
+        if len(self.returns) == 1 and self.returns[0] is not None:
+            pos, name = self.returns[0]
+            return (self, 1, not self.in_place, pos, name)
+        return (self, 2 if not self.returns else 3, not self.in_place, -1, "")
 
 
 #: the tensor counts of an op that makes one tensor (``_infer``'s ``counts``)
