@@ -544,6 +544,7 @@ PyObject* py_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   PyObject* outputs = nullptr;
   PyObject* handles = nullptr;
   PyObject* key = nullptr;
+  PyObject* held = nullptr;  // the template's entry
   int rc = (sig && places && floats) ? 1 : -1;
   try {
     if (rc == 1) rc = quick_values(args[2], sig, places, floats, matter);
@@ -565,6 +566,9 @@ PyObject* py_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       Py_XDECREF(sig_tuple);
       kept = key ? PyDict_GetItemWithError(PyTuple_GET_ITEM(native, 0), key) : nullptr;
       if (kept == nullptr) rc = (key == nullptr || PyErr_Occurred()) ? -1 : 0;
+      // held: the Python called below (new handles, the post) may drop it from the dict
+      Py_XINCREF(kept);
+      held = kept;
     }
     // kept: (template, (news, resized, counts))
     PyObject* news = nullptr;
@@ -663,7 +667,8 @@ PyObject* py_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
     rc = -1;
   }
-  Py_DECREF(native);
+  Py_DECREF(native);  // (it holds the driver: its bound methods)
+  Py_XDECREF(held);
   Py_XDECREF(sig);
   Py_XDECREF(places);
   Py_XDECREF(floats);
